@@ -1,0 +1,38 @@
+# pipesched: every target uses .venv and creates it first when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned here (not in pyproject) so a fresh CPU machine takes the local CPU wheel;
+# GPU users install their CUDA build of torch first and run `pip install -e .` (see README).
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install demo test bench bench-solver bench-executor bench-simulate clean
+
+$(BIN)/pipesched: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(BIN)/pipesched
+
+install: $(BIN)/pipesched
+
+demo: install
+	$(BIN)/python -m optimizer.demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench-simulate: install
+	$(BIN)/python benchmarks/simulate.py
+
+bench-solver: install
+	$(BIN)/python benchmarks/solver.py
+
+bench-executor: install
+	$(BIN)/python benchmarks/executor.py
+
+bench: bench-simulate bench-solver bench-executor
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
