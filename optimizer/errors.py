@@ -1,0 +1,31 @@
+"""Errors a user can act on; the CLI prints their message on one line and exits with `exit_code`."""
+
+from __future__ import annotations
+
+
+class PipeschedError(Exception):
+    """Base of the errors that reach the user as one line."""
+
+    exit_code = 2
+
+
+class InputError(PipeschedError):
+    """Bad input: a file, a field or an option the user gave (exit 2)."""
+
+    exit_code = 2
+
+
+class InfeasibleError(PipeschedError):
+    """No schedule satisfies the problem, e.g. its memory limit (exit 3)."""
+
+    exit_code = 3
+
+
+class DeadlockError(PipeschedError):
+    """An op order that can never finish; `blocked` holds each stuck device's next op."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, blocked: dict[int, str]):
+        super().__init__(message)
+        self.blocked = blocked

@@ -1,0 +1,222 @@
+"""The scheduling problem: stages with F/B/W times and memory deltas, pinned to devices.
+
+A problem is the one input every generator, solver and the simulator take. It is a
+pydantic model because it crosses the file boundary (problem.json); hot loops read
+the plain tuples from :meth:`Problem.tables` instead of the models.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from optimizer.errors import InputError
+
+# Memory deltas must sum to zero per stage; the slack is relative to the allocation so
+# that values profiled in bytes and values in activation units both pass.
+_SUM_TOLERANCE = 1e-6
+
+PLACEMENTS = ("linear", "interleaved:V", "vshape")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StageMemory(_Strict):
+    """Memory change of one op of this stage: F at its start, B and W at their end."""
+
+    forward: Annotated[float, Field(ge=0)]
+    backward_input: float
+    backward_weight: float
+
+
+class Stage(_Strict):
+    """One model chunk: which device runs it and how long its ops take."""
+
+    device: Annotated[int, Field(ge=0)]
+    forward: PositiveFloat
+    backward_input: PositiveFloat
+    backward_weight: PositiveFloat
+    memory: StageMemory
+
+    @model_validator(mode="after")
+    def _deltas_sum_to_zero(self) -> Stage:
+        m = self.memory
+        total = m.forward + m.backward_input + m.backward_weight
+        if abs(total) > _SUM_TOLERANCE * max(1.0, abs(m.forward)):
+            raise ValueError(
+                f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Plain per-stage tuples for hot loops (simulator, solvers)."""
+
+    device: tuple[int, ...]
+    forward: tuple[float, ...]
+    backward_input: tuple[float, ...]
+    backward_weight: tuple[float, ...]
+    mem_forward: tuple[float, ...]
+    mem_backward_input: tuple[float, ...]
+    mem_backward_weight: tuple[float, ...]
+    limit: tuple[float, ...]  # per device; math.inf when unlimited
+
+
+class Problem(_Strict):
+    """A pipeline-scheduling problem (see the README for its exact semantics)."""
+
+    num_devices: PositiveInt
+    num_microbatches: PositiveInt
+    stages: Annotated[list[Stage], Field(min_length=1)]
+    comm_time: Annotated[float, Field(ge=0)] = 0.0
+    memory_limit: PositiveFloat | list[PositiveFloat] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Problem:
+        p = self.num_devices
+        for s, stage in enumerate(self.stages):
+            if stage.device >= p:
+                raise ValueError(f"stages.{s}.device: {stage.device} is out of range for {p} devices")
+        used = {stage.device for stage in self.stages}
+        for d in range(p):
+            if d not in used:
+                raise ValueError(f"stages: device {d} holds no stage")
+        if isinstance(self.memory_limit, list) and len(self.memory_limit) != p:
+            raise ValueError(
+                f"memory_limit: a list needs one value per device ({p}), got {len(self.memory_limit)}"
+            )
+        for s, stage in enumerate(self.stages):
+            limit = self.device_limit(stage.device)
+            if stage.memory.forward > limit:
+                raise ValueError(
+                    f"memory_limit: device {stage.device} limit {limit:g} is below one forward "
+                    f"of stage {s} ({stage.memory.forward:g})"
+                )
+        return self
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def device_limit(self, device: int) -> float:
+        if self.memory_limit is None:
+            return math.inf
+        if isinstance(self.memory_limit, list):
+            return self.memory_limit[device]
+        return self.memory_limit
+
+    def stages_on(self, device: int) -> list[int]:
+        return [s for s, stage in enumerate(self.stages) if stage.device == device]
+
+    def placement(self) -> str:
+        """The name of the placement this problem follows, or "custom"."""
+        p, n = self.num_devices, self.num_stages
+        devices = [stage.device for stage in self.stages]
+        if devices == list(range(p)):
+            return "linear"
+        if n == 2 * p and devices == vshape_devices(p):
+            return "vshape"
+        if n % p == 0 and devices == [s % p for s in range(n)]:
+            return f"interleaved:{n // p}"
+        return "custom"
+
+    def tables(self) -> Tables:
+        st = self.stages
+        return Tables(
+            device=tuple(s.device for s in st),
+            forward=tuple(s.forward for s in st),
+            backward_input=tuple(s.backward_input for s in st),
+            backward_weight=tuple(s.backward_weight for s in st),
+            mem_forward=tuple(s.memory.forward for s in st),
+            mem_backward_input=tuple(s.memory.backward_input for s in st),
+            mem_backward_weight=tuple(s.memory.backward_weight for s in st),
+            limit=tuple(self.device_limit(d) for d in range(self.num_devices)),
+        )
+
+    def min_memory_limit(self) -> list[float]:
+        """Per device, the least limit under which any schedule exists.
+
+        A microbatch's activation on a stage lives from its F to its B/W, and every later
+        stage's F of that microbatch happens in between; so a device must hold at least
+        one forward allocation of each of its stages at once. Running microbatches one at
+        a time reaches exactly that, so the bound is tight.
+        """
+        need = [0.0] * self.num_devices
+        for stage in self.stages:
+            need[stage.device] += stage.memory.forward
+        return need
+
+
+def vshape_devices(p: int) -> list[int]:
+    """Device of each of the 2p stages in the V placement: down the pipeline and back."""
+    return [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
+
+
+def placement_devices(placement: str, num_devices: int) -> list[int]:
+    """The device of each stage for a named placement."""
+    p = num_devices
+    if placement == "linear":
+        return list(range(p))
+    if placement == "vshape":
+        return vshape_devices(p)
+    if placement.startswith("interleaved:"):
+        chunks_text = placement.split(":", 1)[1]
+        if not chunks_text.isdigit() or int(chunks_text) < 1:
+            raise InputError(f"placement: '{placement}' needs a positive chunk count, e.g. interleaved:2")
+        return [s % p for s in range(int(chunks_text) * p)]
+    raise InputError(f"placement: '{placement}' is not one of linear, interleaved:V, vshape")
+
+
+def uniform_problem(
+    num_devices: int,
+    num_microbatches: int,
+    forward: float = 1.0,
+    backward_input: float = 1.0,
+    backward_weight: float = 1.0,
+    *,
+    comm_time: float = 0.0,
+    placement: str = "linear",
+    mem_forward: float = 1.0,
+    mem_backward_input: float = 0.0,
+    mem_backward_weight: float | None = None,
+    memory_limit: float | list[float] | None = None,
+) -> Problem:
+    """A problem whose stages all have the same times and memory deltas.
+
+    ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero.
+    """
+    if mem_backward_weight is None:
+        mem_backward_weight = -(mem_forward + mem_backward_input)
+    stage = {
+        "forward": forward,
+        "backward_input": backward_input,
+        "backward_weight": backward_weight,
+        "memory": {
+            "forward": mem_forward,
+            "backward_input": mem_backward_input,
+            "backward_weight": mem_backward_weight,
+        },
+    }
+    return Problem.model_validate(
+        {
+            "num_devices": num_devices,
+            "num_microbatches": num_microbatches,
+            "stages": [{"device": d, **stage} for d in placement_devices(placement, num_devices)],
+            "comm_time": comm_time,
+            "memory_limit": memory_limit,
+        }
+    )
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read and validate a problem JSON file; errors name the file and the field."""
+    from optimizer.io import read_model
+
+    return read_model(Problem, path)

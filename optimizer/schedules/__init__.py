@@ -1,0 +1,41 @@
+"""Known schedule families, registered by name, and the helpers to run them."""
+
+from __future__ import annotations
+
+from optimizer.errors import InputError
+from optimizer.problem import Problem
+from optimizer.schedule import Schedule
+from optimizer.schedules import gpipe, one_f_one_b
+from optimizer.schedules.registry import Generator
+from optimizer.simulate import simulate
+
+# Each family module exposes GENERATOR; the order here is the order `compare` prints.
+GENERATORS: dict[str, Generator] = {
+    module.GENERATOR.name: module.GENERATOR
+    for module in (gpipe, one_f_one_b)
+}
+
+
+def get_generator(name: str) -> Generator:
+    try:
+        return GENERATORS[name]
+    except KeyError:
+        raise InputError(f"method: unknown schedule '{name}' (known: {', '.join(GENERATORS)})") from None
+
+
+def generate(problem: Problem, name: str) -> Schedule:
+    """Build and time the named schedule; a clear error when the family does not apply."""
+    generator = get_generator(name)
+    reason = generator.unsupported(problem)
+    if reason is not None:
+        raise InputError(f"{name}: {reason}")
+    return simulate(problem, generator.build(problem), method=name)
+
+
+def applicable(problem: Problem) -> list[Generator]:
+    return [g for g in GENERATORS.values() if g.unsupported(problem) is None]
+
+
+def generate_all(problem: Problem) -> dict[str, Schedule]:
+    """Every applicable family's schedule, keyed by name (memory limit not enforced)."""
+    return {g.name: simulate(problem, g.build(problem), method=g.name) for g in applicable(problem)}

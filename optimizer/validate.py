@@ -1,0 +1,104 @@
+"""The one checker: does a timed schedule obey every rule of the problem?
+
+It returns every violation as a line of text naming the device and op, so a user can
+see all that is wrong at once. Rules (README, "Semantics"): every op present exactly
+once on its stage's device, durations, one op at a time per device, dependencies with
+transfer time across devices, and the memory limit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from optimizer.problem import Problem
+from optimizer.schedule import KINDS, Op, TimedOp, op_duration, op_memory
+from optimizer.simulate import dependency
+
+# Times are floats from the user's units; sums of a few thousand durations carry
+# rounding of about 1e-12 relative, so a relative slack of 1e-9 never hides a real
+# violation (the smallest op is > 0 and typically >= 1e-3 of the makespan).
+_RELATIVE_TOLERANCE = 1e-9
+
+
+def _slack(*values: float) -> float:
+    return _RELATIVE_TOLERANCE * max(1.0, *(abs(v) for v in values))
+
+
+def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str]:
+    """Every rule the timed schedule breaks; an empty list means it is valid."""
+    p, num_stages, m = problem.num_devices, problem.num_stages, problem.num_microbatches
+    tables = problem.tables()
+    violations: list[str] = []
+    if len(devices) != p:
+        return [f"devices: schedule has {len(devices)} devices, the problem {p}"]
+
+    ends: dict[Op, float] = {}
+    counts: Counter[Op] = Counter()
+    for d, ops in enumerate(devices):
+        for op in ops:
+            if op.kind not in KINDS:
+                violations.append(f"device {d}: unknown op kind {op.kind!r}")
+                continue
+            if not (0 <= op.stage < num_stages and 0 <= op.microbatch < m):
+                violations.append(f"device {d}: {op.op} is out of range ({num_stages} stages, {m} microbatches)")
+                continue
+            if tables.device[op.stage] != d:
+                violations.append(f"placement: {op.op} runs on device {d}, its stage is on device {tables.device[op.stage]}")
+            counts[op.op] += 1
+            ends[op.op] = op.end
+    violations += _completeness(counts, num_stages, m)
+    if violations:
+        return violations  # timing checks on a malformed schedule would only add noise
+
+    for d, ops in enumerate(devices):
+        usage, limit = 0.0, tables.limit[d]
+        previous: TimedOp | None = None
+        for op in ops:
+            expected = op_duration(tables, op.kind, op.stage)
+            if abs((op.end - op.start) - expected) > _slack(op.start, op.end):
+                violations.append(f"duration: {op.op} on device {d} lasts {op.end - op.start:g}, expected {expected:g}")
+            if previous is not None and op.start < previous.end - _slack(previous.end):
+                violations.append(
+                    f"overlap: {op.op} starts at {op.start:g} on device {d} before {previous.op} ends at {previous.end:g}"
+                )
+            dep = dependency(op.op, num_stages)
+            if dep is not None:
+                dep_op = _dependency_op(dep, op.microbatch, ends)
+                ready = ends[dep_op] + (problem.comm_time if tables.device[dep_op.stage] != d else 0.0)
+                if op.start < ready - _slack(ready):
+                    violations.append(
+                        f"dependency: {op.op} starts at {op.start:g}, before {dep_op} is available at {ready:g}"
+                    )
+            usage += op_memory(tables, op.kind, op.stage)
+            if usage > limit + _slack(limit):
+                violations.append(f"memory: device {d} holds {usage:g} > limit {limit:g} after {op.op}")
+            previous = op
+    return violations
+
+
+def _dependency_op(dep: tuple[str, int], microbatch: int, ends: dict[Op, float]) -> Op:
+    kind, stage = dep
+    if kind == "F":
+        return Op("F", stage, microbatch)
+    split = Op("B", stage, microbatch)
+    return split if split in ends else Op("BW", stage, microbatch)
+
+
+def _completeness(counts: Counter[Op], num_stages: int, m: int) -> list[str]:
+    problems = []
+    for op, count in counts.items():
+        if count > 1:
+            problems.append(f"duplicate: {op} appears {count} times")
+    for stage in range(num_stages):
+        for mb in range(m):
+            if counts[Op("F", stage, mb)] == 0:
+                problems.append(f"missing: {Op('F', stage, mb)}")
+            fused = counts[Op("BW", stage, mb)] > 0
+            split = [counts[Op(kind, stage, mb)] > 0 for kind in ("B", "W")]
+            if fused and any(split):
+                problems.append(f"mixed: stage {stage} mb {mb} has both BW and split B/W")
+            elif not fused and not all(split):
+                missing = "B" if not split[0] else "W"
+                problems.append(f"missing: {Op(missing, stage, mb)}")
+    return problems
