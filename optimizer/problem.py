@@ -204,14 +204,18 @@ def uniform_problem(
             "backward_weight": mem_backward_weight,
         },
     }
-    return Problem.model_validate(
+    from optimizer.io import validate_model
+
+    return validate_model(
+        Problem,
         {
             "num_devices": num_devices,
             "num_microbatches": num_microbatches,
             "stages": [{"device": d, **stage} for d in placement_devices(placement, num_devices)],
             "comm_time": comm_time,
             "memory_limit": memory_limit,
-        }
+        },
+        "problem",
     )
 
 

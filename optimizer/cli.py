@@ -1,0 +1,241 @@
+"""The `pipesched` command line (typer): problem, solve, compare, validate, show.
+
+Every command turns a PipeschedError into one line on stderr and its exit code (2 for
+bad input), and writes its outputs atomically. The runtime adds `run` and `profile` to
+this same app (runtime/cli.py), so the optimizer never imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from optimizer.errors import PipeschedError
+from optimizer.io import write_json_atomic
+from optimizer.problem import Problem, load_problem, uniform_problem
+from optimizer.schedule import Schedule, load_schedule, save_schedule
+
+app = typer.Typer(
+    name="pipesched",
+    help="Pipeline-parallel schedule optimizer: build, solve, compare, check, draw and run schedules.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+Command = TypeVar("Command", bound=Callable)
+
+
+def user_errors(command: Command) -> Command:
+    """Report PipeschedError as one line on stderr with its exit code, never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except PipeschedError as error:
+            print(f"error: {error}", file=sys.stderr)
+            raise typer.Exit(error.exit_code) from None
+
+    return wrapper
+
+
+def stdout_console() -> Console:
+    return Console(highlight=False)
+
+
+def format_memory(peaks: list[float]) -> str:
+    return f"{max(peaks):.4g}" if peaks else "-"
+
+
+def metrics_line(schedule: Schedule) -> str:
+    m = schedule.metrics
+    parts = [
+        f"method {schedule.method}",
+        f"makespan {m.makespan:.6g}",
+        f"bubble {m.bubble_ratio:.2%}",
+        f"peak memory {format_memory(m.peak_memory)}",
+    ]
+    if m.lower_bound is not None:
+        parts.append(f"lower bound {m.lower_bound:.6g}")
+    if m.gap is not None:
+        parts.append(f"gap {m.gap:.2%}")
+    if m.status is not None:
+        parts.append(f"status {m.status}")
+    if m.method_won is not None:
+        parts.append(f"won by {m.method_won}")
+    if m.solve_seconds is not None:
+        parts.append(f"{m.solve_seconds:.1f} s")
+    return ", ".join(parts)
+
+
+@app.command()
+@user_errors
+def problem(
+    devices: int = typer.Option(..., "--devices", "-p", min=1, help="Pipeline devices (ranks)."),
+    microbatches: int = typer.Option(..., "--microbatches", "-m", min=1, help="Microbatches per iteration."),
+    forward: float = typer.Option(1.0, help="Forward time of one stage (your unit, e.g. ms)."),
+    backward_input: float = typer.Option(1.0, help="Input-gradient (B) time of one stage."),
+    backward_weight: float = typer.Option(1.0, help="Weight-gradient (W) time of one stage."),
+    comm: float = typer.Option(0.0, help="Point-to-point transfer time between devices."),
+    placement: str = typer.Option("linear", help="linear | interleaved:V | vshape."),
+    mem_forward: float = typer.Option(1.0, help="Memory allocated by one forward (GiB or activations)."),
+    mem_backward_input: float = typer.Option(0.0, help="Memory change when B ends (<= 0)."),
+    mem_backward_weight: Optional[float] = typer.Option(
+        None, help="Memory change when W ends; default: whatever makes the three sum to 0."
+    ),
+    memory_limit: Optional[float] = typer.Option(None, help="Per-device memory limit; default unlimited."),
+    output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
+) -> None:
+    """Write a uniform problem JSON (every stage the same), to edit or to solve."""
+    built = uniform_problem(
+        devices,
+        microbatches,
+        forward,
+        backward_input,
+        backward_weight,
+        comm_time=comm,
+        placement=placement,
+        mem_forward=mem_forward,
+        mem_backward_input=mem_backward_input,
+        mem_backward_weight=mem_backward_weight,
+        memory_limit=memory_limit,
+    )
+    write_json_atomic(output, built.model_dump(mode="json"))
+    print(f"wrote {output}: {built.num_devices} devices, {built.num_stages} stages, {built.num_microbatches} microbatches")
+
+
+@app.command()
+@user_errors
+def solve(
+    problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to solve."),
+    method: str = typer.Option("auto", help="A schedule family (see `compare`) or auto | cpsat | milp."),
+    output: Path = typer.Option(..., "--output", "-o", help="Schedule JSON to write."),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+) -> None:
+    """Build a schedule for a problem with a schedule family or the optimizer."""
+    from optimizer.errors import InfeasibleError
+    from optimizer.schedules import generate
+
+    loaded = load_problem(problem_file)
+    schedule = generate(loaded, method)
+    if not schedule.fits_memory():
+        over = _memory_overflow(schedule)
+        raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method greedy or auto")
+    save_schedule(schedule, output)
+    _print_metrics(schedule, as_json)
+
+
+def _memory_overflow(schedule: Schedule) -> str:
+    limits = schedule.problem.tables().limit
+    return "; ".join(
+        f"device {d} needs {peak:.4g} > {limit:.4g}"
+        for d, (peak, limit) in enumerate(zip(schedule.metrics.peak_memory, limits))
+        if peak > limit * (1 + 1e-9)
+    )
+
+
+def _print_metrics(schedule: Schedule, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(schedule.metrics.as_dict()))
+    else:
+        print(metrics_line(schedule))
+
+
+def comparison_rows(problem: Problem) -> list[dict]:
+    """One row per applicable schedule family, best first."""
+    from optimizer.schedules import generate_all
+
+    rows = []
+    for name, schedule in generate_all(problem).items():
+        rows.append(
+            {
+                "method": name,
+                "makespan": schedule.metrics.makespan,
+                "bubble_ratio": schedule.metrics.bubble_ratio,
+                "peak_memory": max(schedule.metrics.peak_memory),
+                "fits_memory": schedule.fits_memory(),
+            }
+        )
+    rows.sort(key=lambda row: (not row["fits_memory"], row["makespan"]))
+    return rows
+
+
+def print_comparison(rows: list[dict], title: str) -> None:
+    table = Table(title=title)
+    for column, justify in (("method", "left"), ("makespan", "right"), ("bubble", "right"), ("peak memory", "right"), ("fits limit", "center")):
+        table.add_column(column, justify=justify)
+    for row in rows:
+        table.add_row(
+            row["method"],
+            f"{row['makespan']:.6g}",
+            f"{row['bubble_ratio']:.2%}",
+            f"{row['peak_memory']:.4g}",
+            "yes" if row["fits_memory"] else "[red]no[/red]",
+        )
+    stdout_console().print(table)
+
+
+@app.command()
+@user_errors
+def compare(
+    problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to compare schedules on."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """Compare every applicable schedule family: makespan, bubble, peak memory, fits the limit."""
+    loaded = load_problem(problem_file)
+    rows = comparison_rows(loaded)
+    if as_json:
+        print(json.dumps(rows))
+    else:
+        limit = loaded.memory_limit if loaded.memory_limit is not None else "none"
+        print_comparison(
+            rows,
+            f"{problem_file}: {loaded.num_devices} devices, {loaded.num_stages} stages, "
+            f"{loaded.num_microbatches} microbatches, memory limit {limit}",
+        )
+
+
+@app.command()
+@user_errors
+def validate(
+    schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to check."),
+) -> None:
+    """Check a schedule against every rule of its problem; exit 1 listing each violation."""
+    from optimizer.validate import validate as check
+
+    schedule = load_schedule(schedule_file, check=False)
+    violations = check(schedule.problem, schedule.devices)
+    if violations:
+        for line in violations:
+            print(line)
+        print(f"{schedule_file}: invalid, {len(violations)} violation(s)", file=sys.stderr)
+        raise typer.Exit(1)
+    print(f"{schedule_file}: valid; {metrics_line(schedule)}")
+
+
+@app.command()
+@user_errors
+def show(
+    schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to draw."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help=".svg or .html: Gantt chart with memory curves; .json: Chrome/Perfetto trace."
+    ),
+) -> None:
+    """Draw a schedule: Gantt chart and memory curves (SVG/HTML) or a Chrome/Perfetto trace (JSON)."""
+    from optimizer.render import write_rendering
+
+    schedule = load_schedule(schedule_file)
+    write_rendering(schedule, output)
+    print(f"wrote {output}")
+
+
+def main() -> None:
+    app()
