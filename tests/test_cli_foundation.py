@@ -1,0 +1,192 @@
+"""The CLI's foundation commands and their answers to bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from optimizer.cli import app
+from optimizer.problem import uniform_problem
+from optimizer.schedule import load_schedule
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def good_problem() -> dict:
+    return uniform_problem(2, 4, memory_limit=4.0).model_dump(mode="json")
+
+
+def write(tmp_path: Path, name: str, data) -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_problem_solve_validate_show_round_trip(tmp_path):
+    problem_path = tmp_path / "problem.json"
+    result = invoke("problem", "--devices", 4, "--microbatches", 8, "--backward-weight", 0.5, "--comm", 0.1,
+                    "--memory-limit", 6, "--output", problem_path)
+    assert result.exit_code == 0, result.output
+    data = json.loads(problem_path.read_text())
+    assert data["num_devices"] == 4 and len(data["stages"]) == 4
+    assert data["stages"][0]["memory"] == {"forward": 1.0, "backward_input": 0.0, "backward_weight": -1.0}
+
+    schedule_path = tmp_path / "schedule.json"
+    result = invoke("solve", problem_path, "--method", "1f1b", "--output", schedule_path, "--json")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)
+    schedule = load_schedule(schedule_path)
+    assert metrics["makespan"] == pytest.approx(schedule.makespan)
+    assert schedule.method == "1f1b"
+
+    assert invoke("validate", schedule_path).exit_code == 0
+    for suffix in (".svg", ".html", ".json"):
+        picture = tmp_path / f"picture{suffix}"
+        assert invoke("show", schedule_path, "--output", picture).exit_code == 0
+        assert picture.stat().st_size > 500
+    trace = json.loads((tmp_path / "picture.json").read_text())
+    complete_events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(complete_events) == sum(len(d) for d in schedule.devices)
+
+
+def test_vshape_and_interleaved_placements(tmp_path):
+    for placement, stages in (("vshape", 8), ("interleaved:3", 12)):
+        path = tmp_path / f"{placement.replace(':', '')}.json"
+        result = invoke("problem", "-p", 4, "-m", 8, "--placement", placement, "--mem-forward", 0.5, "-o", path)
+        assert result.exit_code == 0, result.output
+        assert len(json.loads(path.read_text())["stages"]) == stages
+
+
+def test_compare_lists_each_family_with_fit(tmp_path):
+    path = write(tmp_path, "p.json", good_problem())
+    result = invoke("compare", path, "--json")
+    assert result.exit_code == 0, result.output
+    rows = {row["method"]: row for row in json.loads(result.stdout)}
+    assert rows["gpipe"]["peak_memory"] == 4 and rows["gpipe"]["fits_memory"]
+    assert rows["1f1b"]["peak_memory"] == 2
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d.pop("num_devices"), "num_devices: Field required"),
+        (lambda d: d.update(extra_field=1), "extra_field: Extra inputs are not permitted"),
+        (lambda d: d["stages"][1].update(forward=0), "stages.1.forward: Input should be greater than 0"),
+        (lambda d: d["stages"][0].update(backward_weight=-1), "stages.0.backward_weight: Input should be greater than 0"),
+        (lambda d: d["stages"][0]["memory"].update(backward_weight=0.0), "memory deltas must sum to 0"),
+        (lambda d: d["stages"][1].update(device=5), "stages.1.device: 5 is out of range for 2 devices"),
+        (lambda d: d["stages"][1].update(device=0), "stages: device 1 holds no stage"),
+        (lambda d: d.update(memory_limit=0.5), "memory_limit: device 0 limit 0.5 is below one forward of stage 0"),
+        (lambda d: d.update(memory_limit=[4.0]), "memory_limit: a list needs one value per device (2), got 1"),
+        (lambda d: d["stages"][0]["memory"].update(forward=-1), "stages.0.memory.forward: Input should be greater than or equal to 0"),
+    ],
+)
+def test_bad_problem_gets_one_line_naming_the_field(tmp_path, mutate, expected):
+    data = good_problem()
+    mutate(data)
+    path = write(tmp_path, "bad.json", data)
+    out = tmp_path / "out.json"
+    result = invoke("solve", path, "--method", "1f1b", "--output", out)
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert str(path) in line and expected in line
+    assert not out.exists()
+
+
+def test_malformed_json_and_missing_file(tmp_path):
+    path = write(tmp_path, "broken.json", '{"num_devices": 2,')
+    result = invoke("compare", path)
+    assert result.exit_code == 2
+    assert "not valid JSON (line 1" in one_error_line(result)
+    result = invoke("compare", tmp_path / "absent.json")
+    assert result.exit_code == 2
+    assert "absent.json: no such file" in one_error_line(result)
+
+
+def test_schedule_of_another_format_is_refused(tmp_path):
+    path = write(tmp_path, "other.json", {"format": "something.else", "version": 1})
+    result = invoke("validate", path)
+    assert result.exit_code == 2
+    assert "not a pipesched schedule (format is 'something.else'" in one_error_line(result)
+    path = write(tmp_path, "v2.json", {"format": "pipesched.schedule", "version": 2})
+    result = invoke("show", path, "--output", tmp_path / "x.svg")
+    assert result.exit_code == 2
+    assert "version 2 is not supported" in one_error_line(result)
+    assert not (tmp_path / "x.svg").exists()
+
+
+def _solved(tmp_path: Path, limit: float | None = None) -> dict:
+    problem = uniform_problem(2, 2, memory_limit=limit)
+    write(tmp_path, "p.json", problem.model_dump(mode="json"))
+    assert invoke("solve", tmp_path / "p.json", "--method", "1f1b", "-o", tmp_path / "s.json").exit_code == 0
+    return json.loads((tmp_path / "s.json").read_text())
+
+
+def test_validate_names_a_dependency_violation(tmp_path):
+    data = _solved(tmp_path)
+    op = data["devices"][1][0]  # F(stage 1, mb 0), which waits for F(stage 0, mb 0)
+    op["start"], op["end"] = op["start"] - 0.5, op["end"] - 0.5
+    result = invoke("validate", write(tmp_path, "dep.json", data))
+    assert result.exit_code == 1
+    assert "dependency: F(stage 1, mb 0) starts at 0.5, before F(stage 0, mb 0) is available at 1" in result.stdout
+
+
+def test_validate_names_an_overlap(tmp_path):
+    data = _solved(tmp_path)
+    first, second = data["devices"][0][0], data["devices"][0][1]  # F mb 0 then F mb 1 on device 0
+    second["start"], second["end"] = first["start"] + 0.5, first["end"] + 0.5
+    result = invoke("validate", write(tmp_path, "overlap.json", data))
+    assert result.exit_code == 1
+    assert "overlap: F(stage 0, mb 1) starts at 0.5 on device 0 before F(stage 0, mb 0) ends at 1" in result.stdout
+
+
+def test_validate_names_a_memory_overflow(tmp_path):
+    data = _solved(tmp_path, limit=2.0)
+    data["problem"]["memory_limit"] = 1.5  # 1f1b holds 2 microbatches on device 0
+    result = invoke("validate", write(tmp_path, "memory.json", data))
+    assert result.exit_code == 1
+    assert "memory: device 0 holds 2 > limit 1.5 after F(stage 0, mb 1)" in result.stdout
+
+
+def test_solve_refuses_a_hand_schedule_over_the_limit(tmp_path):
+    path = write(tmp_path, "p.json", uniform_problem(2, 4, memory_limit=3.0).model_dump(mode="json"))
+    result = invoke("solve", path, "--method", "gpipe", "-o", tmp_path / "s.json")
+    assert result.exit_code == 3
+    assert "device 0 needs 4 > 3" in one_error_line(result)
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_unknown_method_and_picture_type(tmp_path):
+    path = write(tmp_path, "p.json", good_problem())
+    result = invoke("solve", path, "--method", "nonsense", "-o", tmp_path / "s.json")
+    assert result.exit_code == 2
+    assert "unknown schedule 'nonsense'" in one_error_line(result)
+    _solved(tmp_path)
+    result = invoke("show", tmp_path / "s.json", "-o", tmp_path / "s.png")
+    assert result.exit_code == 2
+    assert "unknown picture type '.png'" in one_error_line(result)
+
+
+def test_problem_command_rejects_bad_options(tmp_path):
+    out = tmp_path / "p.json"
+    result = invoke("problem", "-p", 2, "-m", 2, "--forward", -1, "-o", out)
+    assert result.exit_code == 2
+    assert "stages.0.forward: Input should be greater than 0" in one_error_line(result)
+    result = invoke("problem", "-p", 2, "-m", 2, "--placement", "zigzag", "-o", out)
+    assert result.exit_code == 2
+    assert "placement: 'zigzag' is not one of" in one_error_line(result)
+    assert not out.exists()

@@ -1,0 +1,179 @@
+"""The simulator and the validator agree: on random orders, valid and invalid."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from optimizer.errors import DeadlockError
+from optimizer.problem import Problem, placement_devices
+from optimizer.schedule import Op, TimedOp, peak_memory
+from optimizer.simulate import dependency, simulate, simulate_times
+from optimizer.validate import validate
+
+
+def random_problem(rng: random.Random, p: int, m: int, placement: str, comm: float, limit: float | None) -> Problem:
+    stages = []
+    for device in placement_devices(placement, p):
+        forward_mem = rng.choice([0.5, 1.0, 2.0])
+        kept = rng.uniform(0, forward_mem)
+        stages.append(
+            {
+                "device": device,
+                "forward": rng.uniform(0.5, 2.0),
+                "backward_input": rng.uniform(0.5, 2.0),
+                "backward_weight": rng.uniform(0.2, 1.5),
+                "memory": {"forward": forward_mem, "backward_input": -(forward_mem - kept), "backward_weight": -kept},
+            }
+        )
+    return Problem.model_validate(
+        {"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": comm, "memory_limit": limit}
+    )
+
+
+def all_ops(problem: Problem, rng: random.Random) -> list[Op]:
+    """Every op of the problem; each (stage, microbatch) picks split or fused backward."""
+    ops = []
+    for s in range(problem.num_stages):
+        for i in range(problem.num_microbatches):
+            ops.append(Op("F", s, i))
+            ops += [Op("BW", s, i)] if rng.random() < 0.3 else [Op("B", s, i), Op("W", s, i)]
+    return ops
+
+
+def random_feasible_order(problem: Problem, rng: random.Random) -> list[list[Op]]:
+    """A random topological order of all ops, split per device: never deadlocks."""
+    ops = all_ops(problem, rng)
+    done: set[tuple[str, int, int]] = set()
+    pending = list(ops)
+    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    while pending:
+        ready = [op for op in pending if _dependency_met(op, problem.num_stages, done)]
+        op = rng.choice(ready)
+        pending.remove(op)
+        done.add(("F" if op.kind == "F" else "B" if op.kind in ("B", "BW") else "W", op.stage, op.microbatch))
+        orders[problem.stages[op.stage].device].append(op)
+    return orders
+
+
+def _dependency_met(op: Op, num_stages: int, done: set) -> bool:
+    dep = dependency(op, num_stages)
+    return dep is None or (dep[0], dep[1], op.microbatch) in done
+
+
+def random_shuffled_order(problem: Problem, rng: random.Random) -> list[list[Op]]:
+    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    for op in all_ops(problem, rng):
+        orders[problem.stages[op.stage].device].append(op)
+    for ops in orders:
+        rng.shuffle(ops)
+    return orders
+
+
+problems = st.builds(
+    lambda seed, p, m, placement, comm: (seed, p, m, placement, comm),
+    st.integers(0, 10**6),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.sampled_from(["linear", "vshape", "interleaved:2"]),
+    st.sampled_from([0.0, 0.1, 1.5]),
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(problems)
+def test_simulated_feasible_orders_are_valid(case):
+    seed, p, m, placement, comm = case
+    rng = random.Random(seed)
+    problem = random_problem(rng, p, m, placement, comm, None)
+    schedule = simulate(problem, random_feasible_order(problem, rng))
+    assert validate(problem, schedule.devices) == []
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(problems)
+def test_deadlock_iff_no_valid_timing(case):
+    """A shuffled order either simulates to a valid schedule or deadlocks; a deadlocked
+    order has no valid timing, so back-to-back times in its order break a dependency."""
+    seed, p, m, placement, comm = case
+    rng = random.Random(seed)
+    problem = random_problem(rng, p, m, placement, comm, None)
+    orders = random_shuffled_order(problem, rng)
+    try:
+        schedule = simulate(problem, orders)
+    except DeadlockError as error:
+        assert error.blocked, "a deadlock names the blocked op of each stuck device"
+        back_to_back = _back_to_back(problem, orders)
+        assert any(v.startswith("dependency:") for v in validate(problem, back_to_back))
+    else:
+        assert validate(problem, schedule.devices) == []
+
+
+def _back_to_back(problem: Problem, orders: list[list[Op]]) -> list[list[TimedOp]]:
+    tables = problem.tables()
+    durations = {"F": tables.forward, "B": tables.backward_input, "W": tables.backward_weight}
+    timed = []
+    for ops in orders:
+        clock, device = 0.0, []
+        for op in ops:
+            length = durations[op.kind][op.stage] if op.kind != "BW" else tables.backward_input[op.stage] + tables.backward_weight[op.stage]
+            device.append(TimedOp(op.kind, op.stage, op.microbatch, clock, clock + length))
+            clock += length
+        timed.append(device)
+    return timed
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(problems)
+def test_any_op_moved_earlier_is_caught(case):
+    """ASAP times are tight: starting any op earlier breaks a dependency or overlaps."""
+    seed, p, m, placement, comm = case
+    rng = random.Random(seed)
+    problem = random_problem(rng, p, m, placement, comm, None)
+    devices = simulate_times(problem, random_feasible_order(problem, rng))
+    movable = [(d, k) for d, ops in enumerate(devices) for k, op in enumerate(ops) if op.start > 1e-6]
+    if not movable:
+        return
+    d, k = rng.choice(movable)
+    op = devices[d][k]
+    shift = min(op.start, 0.05)
+    devices[d][k] = op._replace(start=op.start - shift, end=op.end - shift)
+    violations = validate(problem, devices)
+    assert any(v.startswith(("dependency:", "overlap:")) for v in violations), violations
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(problems, st.floats(0.3, 1.5))
+def test_memory_violation_iff_peak_over_limit(case, fraction):
+    seed, p, m, placement, comm = case
+    rng = random.Random(seed)
+    unlimited = random_problem(random.Random(seed), p, m, placement, comm, None)
+    order = random_feasible_order(unlimited, rng)
+    tables = unlimited.tables()
+    peaks = [peak_memory(tables, ops) for ops in order]
+    limit = max(max(peaks) * fraction, max(tables.mem_forward))
+    limited = random_problem(random.Random(seed), p, m, placement, comm, limit)
+    violations = validate(limited, simulate_times(limited, order))
+    over = any(peak > limit * (1 + 1e-9) for peak in peaks)
+    assert any(v.startswith("memory:") for v in violations) == over
+
+
+def test_deadlock_names_each_blocked_device():
+    problem = random_problem(random.Random(0), 2, 1, "linear", 0.0, None)
+    # device 0 waits for its backward before doing its forward: a cycle across devices
+    orders = [[Op("BW", 0, 0), Op("F", 0, 0)], [Op("F", 1, 0), Op("BW", 1, 0)]]
+    with pytest.raises(DeadlockError) as caught:
+        simulate(problem, orders)
+    assert set(caught.value.blocked) == {0, 1}
+    assert "device 0 waits at BW(stage 0, mb 0)" in str(caught.value)
+
+
+def test_comm_time_delays_cross_device_dependencies():
+    problem = random_problem(random.Random(1), 2, 1, "linear", 0.25, None)
+    tables = problem.tables()
+    orders = [[Op("F", 0, 0), Op("BW", 0, 0)], [Op("F", 1, 0), Op("BW", 1, 0)]]
+    f1 = simulate_times(problem, orders)[1][0]
+    assert f1.start == pytest.approx(tables.forward[0] + 0.25)
