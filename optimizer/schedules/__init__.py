@@ -5,14 +5,24 @@ from __future__ import annotations
 from optimizer.errors import InputError
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
-from optimizer.schedules import gpipe, one_f_one_b
+from optimizer.schedules import (
+    dualpipe_v,
+    gpipe,
+    interleaved,
+    one_f_one_b,
+    v_half,
+    v_min,
+    zb_h1,
+    zb_h2,
+    zb_v,
+)
 from optimizer.schedules.registry import Generator
 from optimizer.simulate import simulate
 
 # Each family module exposes GENERATOR; the order here is the order `compare` prints.
 GENERATORS: dict[str, Generator] = {
     module.GENERATOR.name: module.GENERATOR
-    for module in (gpipe, one_f_one_b)
+    for module in (gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v, v_half, v_min, dualpipe_v)
 }
 
 

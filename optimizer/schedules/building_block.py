@@ -1,0 +1,179 @@
+"""Schedules from a repeated building block on the V placement (Qi et al. 2024,
+"Pipeline Parallelism with Controllable Memory", NeurIPS, section 3).
+
+A building block fixes, for each device, the slot of the four ops of one microbatch:
+F of chunk 0, F of chunk 1, B of chunk 1, B of chunk 0 (chunk 0 = stage r, chunk 1 =
+stage 2p-1-r on device r). Microbatch j runs the block shifted by 6j slots, so a device
+repeats it every six slots; the two free slots per period take the W's. The block's
+lifespan sets the peak memory; the offsets in `v_half` and `v_min` are the paper's.
+
+The repeated blocks leave gaps in the warm-up and cool-down. Following the paper, they
+are squeezed out greedily: in slot order, each op moves to the earliest free slot after
+its dependencies unless that raises the device's peak memory. Two passes: one with the
+W's placed (it squeezes warm-up and cool-down), one without (cool-down only, W's then
+re-filled into free slots, W of chunk 1 first). Slots are unit time; the simulator
+retimes the resulting order with the real op times.
+"""
+
+from __future__ import annotations
+
+from optimizer.schedule import Op
+from optimizer.schedules.registry import Orders
+
+# Op types of the slot model, in the paper's order.
+F0, F1, B1, B0, W, W1, W0 = range(7)
+_FORWARDS = (F0, F1)
+_BACKWARDS = (B1, B0)
+_PERIOD = 6
+
+
+def _memory_delta(kind: int) -> int:
+    """Chunk activations: F allocates one, W frees one, B leaves it (the W still needs it)."""
+    return 1 if kind in _FORWARDS else -1 if kind in (W, W1, W0) else 0
+
+
+class _Timeline:
+    """One device's slots: at most one op per slot, plus a cached memory walk.
+
+    With `implicit_w`, W's are not placed: each free slot runs one pending W, which is
+    how the paper measures memory before the W's are decided.
+    """
+
+    def __init__(self, times: dict[int, list[int]], implicit_w: bool):
+        self.times = times
+        self.implicit_w = implicit_w
+        end = max(t for ts in times.values() for t in ts) + 1
+        self.cells: list[int | None] = [None] * end
+        for kind, ts in times.items():
+            for t in ts:
+                assert self.cells[t] is None, "two ops in one slot"
+                self.cells[t] = kind
+        self.states = self._walk(0, (0, 0), None)
+        self.peak = max((s[0] for s in self.states), default=0)
+
+    def _step(self, kind: int | None, state: tuple[int, int]) -> tuple[int, int]:
+        usage, pending = state
+        if kind is None:
+            if self.implicit_w and pending:
+                return usage - 1, pending - 1
+            return state
+        if self.implicit_w and kind in _BACKWARDS:
+            pending += 1
+        return usage + _memory_delta(kind), pending
+
+    def _walk(self, start: int, state: tuple[int, int], cells: list | None) -> list[tuple[int, int]]:
+        cells = self.cells if cells is None else cells
+        out = []
+        for t in range(start, len(cells)):
+            state = self._step(cells[t], state)
+            out.append(state)
+        return out
+
+    def fits(self, kind: int, old: int, new: int, cap: int) -> bool:
+        """Would moving the op of `kind` from slot `old` to free slot `new` keep the peak <= cap?"""
+        state = self.states[new - 1] if new > 0 else (0, 0)
+        for t in range(new, len(self.cells)):
+            cell = kind if t == new else None if t == old else self.cells[t]
+            state = self._step(cell, state)
+            if state[0] > cap:
+                return False
+            if t >= old and state == self.states[t]:
+                return True  # the walk has rejoined the cached one; the rest is unchanged
+        return True
+
+    def move(self, kind: int, index: int, new: int) -> None:
+        old = self.times[kind][index]
+        self.cells[old], self.cells[new] = None, kind
+        self.times[kind][index] = new
+        start = self.states[new - 1] if new > 0 else (0, 0)
+        self.states[new:] = self._walk(new, start, None)
+
+
+def _put_w(times: dict[int, list[int]], split: bool) -> dict[int, list[int]]:
+    """Fill free slots with the pending W's in B order (split: one list per chunk, chunk 1 first)."""
+    events = sorted((t, kind) for kind, ts in times.items() for t in ts)
+    out = {kind: list(ts) for kind, ts in times.items()}
+    w_kinds = (W1, W0) if split else (W, W)
+    for kind in set(w_kinds):
+        out[kind] = []
+    pending = {B1: 0, B0: 0}
+    at = {t: kind for t, kind in events}
+    slot = 0
+    end = events[-1][0] + 1
+    while slot < end or pending[B1] or pending[B0]:
+        kind = at.get(slot)
+        if kind is not None:
+            if kind in _BACKWARDS:
+                pending[kind] += 1
+        else:
+            for b, w in zip((B1, B0), w_kinds):
+                if pending[b]:
+                    pending[b] -= 1
+                    out[w].append(slot)
+                    break
+        slot += 1
+    return out
+
+
+def _deps(all_times: list[dict[int, list[int]]], r: int, kind: int, mb: int) -> int:
+    """Latest slot an op must follow (it may take any free slot after it)."""
+    p = len(all_times)
+    own = all_times[r]
+    after = -1
+    if kind in (F0, B1) and r > 0:  # chunk 0 forward and chunk 1 backward flow down the devices
+        after = max(after, all_times[r - 1][kind][mb])
+    if kind in (F1, B0) and r + 1 < p:
+        after = max(after, all_times[r + 1][kind][mb])
+    if kind in (F1, B1, B0):  # the V's turn: previous op of the same microbatch on this device
+        after = max(after, own[kind - 1][mb])
+    if kind == W:
+        after = max(after, sorted(own[B1] + own[B0])[mb])
+    if mb > 0:
+        after = max(after, own[kind][mb - 1])
+    return after
+
+
+def _squeeze(all_times: list[dict[int, list[int]]], with_w: bool) -> list[dict[int, list[int]]]:
+    lines = [_Timeline({k: list(v) for k, v in t.items()}, implicit_w=not with_w) for t in all_times]
+    times = [line.times for line in lines]
+    cap = max(line.peak for line in lines)
+    m = len(times[0][F0])
+    queue = sorted((t, r, kind, mb) for r, ts in enumerate(times) for kind, lst in ts.items() for mb, t in enumerate(lst))
+    # The steady state, from device 0's first B of chunk 0 to the first last-microbatch
+    # F of chunk 0, stays as the block put it; the warm-up is squeezed only with W's placed.
+    phase = 0
+    for slot, r, kind, mb in queue:
+        if phase == 0 and kind == B0 and r == 0:
+            phase = 1
+        if phase == 1:
+            if kind == F0 and mb == m - 1:
+                phase = 2
+            continue
+        if phase == 0 and not with_w:
+            continue
+        line = lines[r]
+        for new in range(_deps(times, r, kind, mb) + 1, slot):
+            if line.cells[new] is None and line.fits(kind, slot, new, cap):
+                line.move(kind, mb, new)
+                break
+    return times
+
+
+def building_block_orders(offsets: list[list[int]], m: int) -> Orders:
+    """Per-device orders from block offsets [F0, F1, B1, B0] per device, for m microbatches."""
+    p = len(offsets)
+    times = [{kind: [o + _PERIOD * j for j in range(m)] for kind, o in zip((F0, F1, B1, B0), row)} for row in offsets]
+    times = _squeeze([_put_w(t, split=False) for t in times], with_w=True)
+    times = [{k: v for k, v in t.items() if k != W} for t in times]
+    times = _squeeze(times, with_w=False)
+    orders: Orders = []
+    for r, t in enumerate(_put_w_all(times)):
+        stage = {F0: r, F1: 2 * p - 1 - r, B1: 2 * p - 1 - r, B0: r, W1: 2 * p - 1 - r, W0: r}
+        name = {F0: "F", F1: "F", B1: "B", B0: "B", W1: "W", W0: "W"}
+        ops = sorted((slot, kind, mb) for kind, lst in t.items() for mb, slot in enumerate(lst))
+        orders.append([Op(name[kind], stage[kind], mb) for _, kind, mb in ops])
+    return orders
+
+
+def _put_w_all(times: list[dict[int, list[int]]]) -> list[dict[int, list[int]]]:
+    return [_put_w(t, split=True) for t in times]
