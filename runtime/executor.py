@@ -1,0 +1,121 @@
+"""The executor: one rank runs exactly its device's ops, in the schedule's order.
+
+F takes the microbatch on the first stage, or the activation from the previous stage
+(handed over in memory when that stage is on this rank, received otherwise), runs the
+stage and passes the output on the same way. B takes the output gradient (the last
+stage starts from its loss), computes the input gradient only, and passes it upstream.
+W accumulates the parameter gradients of one microbatch; BW does B and W in one call.
+The optimizer step is the caller's, after the step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from optimizer.schedule import Op
+from runtime.comm import P2P
+from runtime.memory import MemoryMeter
+from runtime.models import LossFn
+from runtime.plan import ACTIVATION, GRADIENT, RankPlan
+from runtime.stage import StageRunner
+
+
+@dataclass
+class OpTiming:
+    """When an op ran, in seconds from the step start; `wait` is time blocked on a receive."""
+
+    op: Op
+    start: float
+    end: float
+    wait: float
+
+    @property
+    def busy(self) -> float:
+        return self.end - self.start - self.wait
+
+
+@dataclass
+class StepResult:
+    seconds: float  # from the step start to the last op and send done on this rank
+    loss: float | None  # on the rank holding the last stage
+    timings: list[OpTiming] = field(default_factory=list)
+
+
+class Executor:
+    def __init__(
+        self,
+        plan: RankPlan,
+        modules: dict[int, nn.Module],
+        loss_fn: LossFn,
+        p2p: P2P,
+        device: torch.device,
+        meter: MemoryMeter | None = None,
+        synchronize: bool = False,
+    ):
+        self.plan = plan
+        self.p2p = p2p
+        self.device = device
+        self.runners = {
+            s: StageRunner(module, s, plan.num_stages, plan.num_microbatches, loss_fn, meter)
+            for s, module in modules.items()
+        }
+        # Per-op timings on a GPU need the device idle at each boundary (profiling only).
+        self.synchronize = synchronize and device.type == "cuda"
+        self._handed: dict[tuple[str, int, int], torch.Tensor] = {}
+
+    def run_step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], record: bool = False) -> StepResult:
+        """Run this rank's ops for one step; `inputs`/`targets` are per microbatch."""
+        for runner in self.runners.values():
+            runner.start_step()
+        self._handed.clear()
+        timings: list[OpTiming] = []
+        start = time.perf_counter()
+        self.p2p.start_step()
+        for op in self.plan.ops:
+            op_start = time.perf_counter()
+            waited_before = self.p2p.wait_seconds
+            self._run(op, inputs, targets)
+            if self.synchronize:
+                torch.cuda.synchronize(self.device)
+            if record:
+                now = time.perf_counter()
+                timings.append(OpTiming(op, op_start - start, now - start, self.p2p.wait_seconds - waited_before))
+        self.p2p.finish_step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        last = self.plan.num_stages - 1
+        loss = self.runners[last].step_loss() if last in self.runners else None
+        return StepResult(seconds, loss, timings)
+
+    def _run(self, op: Op, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
+        runner = self.runners[op.stage]
+        s, mb = op.stage, op.microbatch
+        if op.kind == "F":
+            x = inputs[mb] if s == 0 else self._take(ACTIVATION, s, mb, op)
+            out = runner.forward(mb, x, targets[mb] if runner.last else None)
+            if not runner.last:
+                self._give(ACTIVATION, s + 1, mb, out)
+        elif op.kind in ("B", "BW"):
+            grad = None if runner.last else self._take(GRADIENT, s, mb, op)
+            grad_in = runner.backward_input(mb, grad) if op.kind == "B" else runner.backward_fused(mb, grad)
+            if s > 0:
+                self._give(GRADIENT, s - 1, mb, grad_in)
+        else:
+            runner.backward_weight(mb)
+
+    def _take(self, kind: str, stage: int, mb: int, op: Op) -> torch.Tensor:
+        source = stage - 1 if kind == ACTIVATION else stage + 1
+        if self.plan.is_local(source):
+            return self._handed.pop((kind, stage, mb))
+        return self.p2p.take(kind, stage, mb, op)
+
+    def _give(self, kind: str, stage: int, mb: int, tensor: torch.Tensor) -> None:
+        if self.plan.is_local(stage):
+            self._handed[(kind, stage, mb)] = tensor  # same device: no communication
+        else:
+            self.p2p.send(kind, stage, mb, tensor)

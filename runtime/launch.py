@@ -1,0 +1,183 @@
+"""Starting the ranks: one process per device on this host, or this process under torchrun.
+
+`launch` starts `world_size` processes with torch.multiprocessing (forkserver: torch is
+imported once by the server, so ranks start in well under a second), wires them with a
+TCPStore on 127.0.0.1 at a port the operating system picks, and watches them. When a
+rank fails or dies, the others get a few seconds to fail on their own (a peer's
+transfer fails at once when its connection closes) and are then stopped; the error
+lists what each rank reported, the dead rank first.
+
+`run_here` is the same entry for one rank of a torchrun job (RANK and WORLD_SIZE set).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from optimizer.errors import InputError, PipeschedError
+
+# How long the other ranks may take to fail on their own after one rank failed.
+_GRACE_SECONDS = 5.0
+
+
+class LaunchError(PipeschedError):
+    """One or more ranks failed; the message has each rank's report."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Job(Protocol):
+    timeout_s: float
+
+    def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None: ...
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def default_threads(world_size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def rank_device(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise InputError("backend: nccl needs CUDA GPUs; use --backend gloo on CPU")
+        if local_rank >= torch.cuda.device_count():
+            raise InputError(f"backend: rank {local_rank} has no GPU ({torch.cuda.device_count()} visible)")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if backend != "gloo":
+        raise InputError(f"backend: '{backend}' is not one of gloo, nccl")
+    return torch.device("cpu")
+
+
+def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None = None) -> dict:
+    """Run `job` on `world_size` local ranks; rank 0's result, or LaunchError."""
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise InputError(f"backend: nccl needs {world_size} GPUs, {torch.cuda.device_count()} visible")
+    threads = threads or default_threads(world_size)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=job.timeout_s), wait_for_workers=False)
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["runtime.launch"])
+    with tempfile.TemporaryDirectory(prefix="pipesched-") as results:
+        processes = [
+            context.Process(
+                target=_rank_entry,
+                args=(rank, world_size, store.port, backend, job, threads, results),
+                name=f"pipesched-rank-{rank}",
+            )
+            for rank in range(world_size)
+        ]
+        try:
+            for process in processes:
+                process.start()
+            stopped = _watch(processes)
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
+        reports = [_read(Path(results) / f"rank{rank}.json") for rank in range(world_size)]
+    if all(report and report["ok"] for report in reports) and not stopped:
+        return reports[0]["result"]
+    raise _failure(processes, reports, stopped)
+
+
+def run_here(job: Job, backend: str = "gloo", threads: int | None = None) -> dict | None:
+    """Run `job` as one rank of a torchrun job; rank 0 gets the result."""
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = rank_device(backend, int(os.environ.get("LOCAL_RANK", rank)))
+    torch.set_num_threads(threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=job.timeout_s))
+    try:
+        return job.execute(rank, world_size, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, threads: int, results: str) -> None:
+    path = Path(results) / f"rank{rank}.json"
+    try:
+        torch.set_num_threads(threads)
+        device = rank_device(backend, rank)
+        timeout = datetime.timedelta(seconds=job.timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        result = job.execute(rank, world_size, device)
+        path.write_text(json.dumps({"ok": True, "result": result}))
+        dist.destroy_process_group()
+    except PipeschedError as error:
+        path.write_text(json.dumps({"ok": False, "error": str(error), "exit_code": error.exit_code}))
+        _exit(error.exit_code)
+    except BaseException as error:  # a bug or a user model's exception: keep its traceback
+        traceback.print_exc()
+        text = f"rank {rank}: {error.__class__.__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        path.write_text(json.dumps({"ok": False, "error": text, "exit_code": 1}))
+        _exit(1)
+
+
+def _exit(code: int) -> None:
+    # Skip interpreter teardown: a process group with transfers in flight can block it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _watch(processes: list) -> set[int]:
+    """Wait for all ranks; after the first failure, give the rest a grace period, then
+    stop them. Returns the ranks that had to be stopped."""
+    failed_at = None
+    while True:
+        alive = [p for p in processes if p.exitcode is None]
+        if not alive:
+            return set()
+        if failed_at is None and any(p.exitcode not in (None, 0) for p in processes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > _GRACE_SECONDS:
+            stopped = {processes.index(p) for p in alive}
+            for p in alive:
+                p.kill()
+            return stopped
+        time.sleep(0.02)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _failure(processes: list, reports: list[dict | None], stopped: set[int]) -> LaunchError:
+    """One message for the whole failure: ranks that died first, then what the ranks
+    reported (each distinct text once), then the ranks we stopped."""
+    died, reported, halted = [], [], []
+    for rank, (process, report) in enumerate(zip(processes, reports)):
+        if report is not None and not report["ok"]:
+            reported.append(report)
+        elif rank in stopped:
+            halted.append(f"rank {rank} was stopped after another rank failed")
+        elif process.exitcode and process.exitcode < 0:
+            died.append(f"rank {rank} died ({signal.Signals(-process.exitcode).name})")
+        elif process.exitcode:
+            died.append(f"rank {rank} exited with status {process.exitcode} without a report")
+    messages = died + list(dict.fromkeys(r["error"] for r in reported)) + halted
+    exit_code = 1 if died or not reported else reported[0]["exit_code"]
+    return LaunchError("; ".join(messages) or "the ranks failed without a report", exit_code)

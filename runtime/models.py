@@ -1,0 +1,239 @@
+"""Models the executor can run: the built-in `example` GPT, or a user's `module:function`.
+
+A pipeline model is a list of stage modules (stage s maps stage s-1's output to its own
+output; the first takes the batch inputs, the last returns what the loss takes), a loss
+function, and a deterministic batch maker. Every rank builds it the same way and keeps
+its own stages, so stage weights agree across ranks without any broadcast.
+
+The `example` model is a small GPT-style decoder in the spirit of nanoGPT: token and
+position embeddings in the first stage, pre-norm transformer blocks split over the
+stages by layer counts, final norm and LM head in the last stage; random tokens from a
+fixed seed, no downloads.
+
+Model names on the command line:
+
+    example                                   default configuration, layers split evenly
+    example:layers=8,hidden=128,split=1/3/3/1  any GPTConfig field, and the layers per stage
+    package.module:build_stages                a user model (see `PipelineModel`)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from optimizer.errors import InputError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+BatchFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class PipelineModel:
+    """What a user's `build_stages(num_stages)` returns.
+
+    - `stages`: one nn.Module per pipeline stage, in forward order. Stage s takes the
+      tensor stage s-1 returned (stage 0 takes the batch inputs) and returns one tensor.
+    - `loss_fn(last stage output, targets)`: a scalar mean loss over the microbatch.
+    - `make_batch(step, num_microbatches)`: (inputs, targets) of one training step, the
+      first dimension holding `num_microbatches` equal microbatches. Deterministic: every
+      rank calls it and must get the same tensors.
+
+    `build_stages` is called on every rank (and once more for `--check`'s reference), so
+    it must build identical weights each time: seed inside it.
+    """
+
+    stages: list[nn.Module]
+    loss_fn: LossFn
+    make_batch: BatchFn
+
+
+# ---------------------------------------------------------------------------- the example GPT
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    vocab: int = 256
+    seq_len: int = 32
+    batch_size: int = 2  # sequences per microbatch
+    seed: int = 0
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.heads = config.heads
+        self.qkv = nn.Linear(config.hidden, 3 * config.hidden)
+        self.proj = nn.Linear(config.hidden, config.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.hidden, 4 * config.hidden)
+        self.proj = nn.Linear(4 * config.hidden, config.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.hidden)
+        self.attn = CausalSelfAttention(config)
+        self.ln2 = nn.LayerNorm(config.hidden)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPTStage(nn.Module):
+    """A slice of the GPT: embeddings if first, `num_layers` blocks, norm and head if last."""
+
+    def __init__(self, config: GPTConfig, num_layers: int, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.tok_emb = nn.Embedding(config.vocab, config.hidden)
+            self.pos_emb = nn.Embedding(config.seq_len, config.hidden)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(num_layers))
+        if last:
+            self.ln_f = nn.LayerNorm(config.hidden)
+            self.head = nn.Linear(config.hidden, config.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.tok_emb(x) + self.pos_emb(positions)
+        for block in self.blocks:
+            x = block(x)
+        if self.last:
+            x = self.head(self.ln_f(x))
+        return x
+
+
+def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def even_split(layers: int, num_stages: int) -> list[int]:
+    """Layers per stage as even as possible; the extra layers go to the middle stages,
+    since the first and last stages already carry the embeddings and the head."""
+    base, extra = divmod(layers, num_stages)
+    counts = [base] * num_stages
+    middle_first = sorted(range(num_stages), key=lambda s: (s in (0, num_stages - 1), abs(s - (num_stages - 1) / 2)))
+    for s in middle_first[:extra]:
+        counts[s] += 1
+    return counts
+
+
+def build_example(config: GPTConfig, num_stages: int, split: list[int] | None = None) -> PipelineModel:
+    """The example GPT cut into `num_stages` stages with `split[s]` blocks in stage s."""
+    split = split if split is not None else even_split(config.layers, num_stages)
+    if len(split) != num_stages:
+        raise InputError(f"model: split has {len(split)} stages, the schedule {num_stages}")
+    if sum(split) != config.layers:
+        raise InputError(f"model: split {'/'.join(map(str, split))} sums to {sum(split)}, not layers={config.layers}")
+    if any(count < 1 for count in split):
+        raise InputError(
+            f"model: every stage needs at least one layer (split {'/'.join(map(str, split))}, {num_stages} stages)"
+        )
+    if config.hidden % config.heads:
+        raise InputError(f"model: hidden={config.hidden} is not a multiple of heads={config.heads}")
+    stages = []
+    for s, count in enumerate(split):
+        # Seed each stage on its own so any rank builds identical weights for it.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed * 100_003 + s)
+            stages.append(GPTStage(config, count, first=s == 0, last=s == num_stages - 1))
+
+    def make_batch(step: int, num_microbatches: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        shape = (num_microbatches * config.batch_size, config.seq_len + 1)
+        tokens = torch.randint(config.vocab, shape, generator=generator)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    return PipelineModel(stages, gpt_loss, make_batch)
+
+
+# ---------------------------------------------------------------------------- by name
+
+
+def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    values: dict[str, int] = {}
+    split = None
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key == "split":
+            try:
+                split = [int(part) for part in value.split("/")]
+            except ValueError:
+                raise InputError(f"model: split '{value}' is not layer counts like 1/3/3/1") from None
+            continue
+        if key not in fields:
+            raise InputError(f"model: unknown option '{key}' (known: {', '.join(sorted(fields))}, split)")
+        try:
+            values[key] = int(value)
+        except ValueError:
+            raise InputError(f"model: option {key}='{value}' is not an integer") from None
+        if values[key] < (0 if key == "seed" else 1):
+            raise InputError(f"model: option {key}={value} must be positive")
+    config = GPTConfig(**values)
+    if split is not None and "layers" not in values:
+        config = dataclasses.replace(config, layers=sum(split))
+    return config, split
+
+
+def load_model(name: str, num_stages: int) -> PipelineModel:
+    """Build the named model cut into `num_stages` stages (see the module docstring)."""
+    if name == "example" or name.startswith("example:"):
+        config, split = _parse_example(name.partition(":")[2])
+        return build_example(config, num_stages, split)
+    module_name, _, function_name = name.partition(":")
+    if not module_name or not function_name:
+        raise InputError(f"model: '{name}' is neither 'example[:options]' nor 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError(f"model: cannot import '{module_name}' ({exc})") from None
+    build = getattr(module, function_name, None)
+    if not callable(build):
+        raise InputError(f"model: '{module_name}' has no function '{function_name}'")
+    built = build(num_stages)
+    if isinstance(built, tuple) and len(built) == 3:
+        built = PipelineModel(list(built[0]), built[1], built[2])
+    if not isinstance(built, PipelineModel):
+        raise InputError(f"model: {name} must return a PipelineModel or (stages, loss_fn, make_batch)")
+    if len(built.stages) != num_stages:
+        raise InputError(f"model: {name} returned {len(built.stages)} stages, the schedule has {num_stages}")
+    return built
+
+
+def parameter_count(stages: list[nn.Module]) -> int:
+    return sum(p.numel() for stage in stages for p in stage.parameters())
+
+
+def describe(config: GPTConfig) -> str:
+    return f"GPT {config.layers} layers, hidden {config.hidden}, {config.heads} heads, vocab {config.vocab}, seq {config.seq_len}"
+

@@ -1,0 +1,92 @@
+"""One rank's training session for a schedule: model stages, plan, transfers, optimizer.
+
+`open_session` runs inside an initialized process group. It checks the schedule against
+the world, builds the model (every rank the same way, keeping its own stages), learns
+the shape of every stage output with one no-grad forward of the first microbatch, and
+wires the executor. `step` runs one timed training step with the ranks started
+together, so a step's time is comparable with a simulated makespan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from optimizer.errors import InputError
+from optimizer.schedule import Schedule
+from runtime.comm import P2P, TensorSpec
+from runtime.executor import Executor, StepResult
+from runtime.memory import MemoryMeter
+from runtime.models import PipelineModel, load_model
+from runtime.plan import RankPlan, build_plans
+
+
+@dataclass
+class Session:
+    plan: RankPlan
+    model: PipelineModel
+    modules: dict[int, nn.Module]  # this rank's stages
+    executor: Executor
+    optimizer: torch.optim.Optimizer | None
+    device: torch.device
+    meter: MemoryMeter | None
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.make_batch(step, self.plan.num_microbatches)
+
+    def step(self, step: int, record: bool = False) -> StepResult:
+        """One step's ops on this rank (no optimizer update; see `update`)."""
+        inputs, targets = self.batch(step)
+        m = self.plan.num_microbatches
+        if inputs.shape[0] % m:
+            raise InputError(f"model: batch of {inputs.shape[0]} does not split into {m} equal microbatches")
+        first, last = 0 in self.modules, self.plan.num_stages - 1 in self.modules
+        mb_inputs = [x.to(self.device) for x in inputs.chunk(m)] if first else []
+        mb_targets = [y.to(self.device) for y in targets.chunk(m)] if last else []
+        dist.barrier()  # start together: a step's time is then the pipeline's, not a straggler's
+        return self.executor.run_step(mb_inputs, mb_targets, record=record)
+
+    def update(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+        for module in self.modules.values():
+            module.zero_grad(set_to_none=True)
+
+
+def output_specs(stages: list[nn.Module], example_input: torch.Tensor) -> list[TensorSpec]:
+    """Shape and dtype of each stage's output, from one no-grad forward."""
+    specs = []
+    x = example_input
+    with torch.no_grad():
+        for stage in stages:
+            x = stage(x)
+            if not isinstance(x, torch.Tensor):
+                raise InputError(f"model: stage {len(specs)} returns {type(x).__name__}, not one tensor")
+            specs.append(TensorSpec(tuple(x.shape), x.dtype))
+    return specs
+
+
+def open_session(
+    schedule: Schedule,
+    model_name: str,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    timeout_s: float,
+    measure_memory: bool = False,
+    source: str = "schedule",
+) -> Session:
+    plan = build_plans(schedule, world_size, source)[rank]
+    model = load_model(model_name, plan.num_stages)
+    example_inputs, _ = model.make_batch(0, plan.num_microbatches)
+    specs = output_specs(model.stages, example_inputs.chunk(plan.num_microbatches)[0])
+    modules = {s: model.stages[s].to(device) for s in plan.stages}
+    params = [p for module in modules.values() for p in module.parameters()]
+    meter = MemoryMeter(device, params) if measure_memory else None
+    p2p = P2P(plan, specs, device, timeout_s, batched=dist.get_backend() == "nccl")
+    executor = Executor(plan, modules, model.loss_fn, p2p, device, meter=meter, synchronize=measure_memory)
+    optimizer = torch.optim.AdamW(params, lr=1e-3) if params else None
+    return Session(plan, model, modules, executor, optimizer, device, meter)
