@@ -1,0 +1,208 @@
+"""Lower bounds on the makespan, computed from the problem alone.
+
+Three ideas, each a valid bound, the best one is reported:
+
+* busiest device: a device cannot finish before it has done all of its work;
+* heads and tails: every op has an earliest start (the forward chain that must reach it,
+  and the earlier microbatches of its own stage and kind, see optimizer.exact.canonical)
+  and a least amount of work that must follow it (the backward chain back to stage 0,
+  later microbatches). On each device this is a one-machine problem with release dates
+  and delivery times, whose preemptive optimum (Jackson's preemptive schedule) is a
+  lower bound: it captures warm-up, busy time and cool-down at once;
+* memory: with a limit, a device may start a forward only after enough earlier
+  microbatches have freed memory, and those frees cannot happen before their round trip
+  through the pipeline. This raises the forwards' earliest starts (device 0 with room for
+  k activations waits a round trip every k microbatches), and the heads-and-tails bound
+  is computed again with them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from optimizer.problem import Problem
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    value: float
+    reason: str  # which argument gave the value
+
+
+@dataclass
+class _Ops:
+    """head/tail per (kind, stage, microbatch) as nested lists: kind -> stage -> mb."""
+
+    head: dict[str, list[list[float]]]
+    tail: dict[str, list[list[float]]]
+
+
+def _durations(problem: Problem) -> dict[str, tuple[float, ...]]:
+    t = problem.tables()
+    return {"F": t.forward, "B": t.backward_input, "W": t.backward_weight}
+
+
+def _comm(problem: Problem, a: int, b: int) -> float:
+    device = problem.tables().device
+    return problem.comm_time if device[a] != device[b] else 0.0
+
+
+def _heads(problem: Problem, memory_aware: bool) -> dict[str, list[list[float]]]:
+    """Earliest start of every op, optionally raised by the memory argument."""
+    t = problem.tables()
+    S, m = problem.num_stages, problem.num_microbatches
+    dur = _durations(problem)
+    comm = [_comm(problem, s, s + 1) if s + 1 < S else 0.0 for s in range(S)]
+    head = {k: [[0.0] * m for _ in range(S)] for k in ("F", "B", "W")}
+    F, B, W = head["F"], head["B"], head["W"]
+
+    frees_nonpositive = all(v <= 0 for v in t.mem_backward_input + t.mem_backward_weight)
+    use_memory = memory_aware and frees_nonpositive and not all(math.isinf(v) for v in t.limit)
+    # For a forward of stage s on device d, the "low" stages are those of d up to s: all
+    # their forwards of microbatches <= i have started, and only their frees count.
+    low_stages = [[s2 for s2 in range(s + 1) if t.device[s2] == t.device[s]] for s in range(S)]
+
+    for i in range(m):
+        for s in range(S):
+            h = 0.0
+            if s > 0:
+                h = F[s - 1][i] + dur["F"][s - 1] + comm[s - 1]
+            if i > 0:
+                h = max(h, F[s][i - 1] + dur["F"][s])
+            if use_memory and i > 0:
+                h = max(h, _memory_release(t, low_stages[s], i, head, dur))
+            F[s][i] = h
+        for s in reversed(range(S)):
+            h = F[s][i] + dur["F"][s] if s == S - 1 else B[s + 1][i] + dur["B"][s + 1] + comm[s]
+            if i > 0:
+                h = max(h, B[s][i - 1] + dur["B"][s])
+            B[s][i] = h
+        for s in range(S):
+            h = B[s][i] + dur["B"][s]
+            if i > 0:
+                h = max(h, W[s][i - 1] + dur["W"][s])
+            W[s][i] = h
+    return head
+
+
+def _memory_release(t, stages: list[int], i: int, head, dur) -> float:
+    """Earliest time the forward of microbatch i on the last of `stages` can fit in memory."""
+    limit = t.limit[t.device[stages[-1]]]
+    allocated = (i + 1) * sum(t.mem_forward[s] for s in stages)
+    needed = allocated - limit
+    if needed <= 1e-12 * max(1.0, limit):
+        return 0.0
+    ends, amounts = [], []
+    for s in stages:
+        for kind, delta in (("B", t.mem_backward_input[s]), ("W", t.mem_backward_weight[s])):
+            if delta < 0:
+                ends.append(np.asarray(head[kind][s][:i]) + dur[kind][s])
+                amounts.append(np.full(i, -delta))
+    if not ends:
+        return 0.0
+    end = np.concatenate(ends)
+    amount = np.concatenate(amounts)
+    order = np.argsort(end, kind="stable")
+    freed = np.cumsum(amount[order])
+    k = int(np.searchsorted(freed, needed - 1e-9 * max(1.0, needed)))
+    return float(end[order][min(k, len(end) - 1)])
+
+
+def _tails(problem: Problem) -> dict[str, list[list[float]]]:
+    """Least work that must follow the end of every op before the schedule can end."""
+    S, m = problem.num_stages, problem.num_microbatches
+    dur = _durations(problem)
+    comm = [_comm(problem, s, s + 1) if s + 1 < S else 0.0 for s in range(S)]
+    tail = {k: [[0.0] * m for _ in range(S)] for k in ("F", "B", "W")}
+    F, B, W = tail["F"], tail["B"], tail["W"]
+    for i in reversed(range(m)):
+        for s in range(S):
+            W[s][i] = W[s][i + 1] + dur["W"][s] if i + 1 < m else 0.0
+        for s in range(S):
+            q = dur["W"][s] + W[s][i]
+            if i + 1 < m:
+                q = max(q, dur["B"][s] + B[s][i + 1])
+            if s > 0:
+                q = max(q, comm[s - 1] + dur["B"][s - 1] + B[s - 1][i])
+            B[s][i] = q
+        for s in reversed(range(S)):
+            q = dur["B"][s] + B[s][i] if s == S - 1 else comm[s] + dur["F"][s + 1] + F[s + 1][i]
+            if i + 1 < m:
+                q = max(q, dur["F"][s] + F[s][i + 1])
+            F[s][i] = q
+    return tail
+
+
+def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
+    """Optimal preemptive one-machine value max(C_j + q_j) for jobs (release, duration, tail)."""
+    jobs = sorted(jobs)
+    ready: list[tuple[float, float]] = []  # (-tail, remaining)
+    time, best, k = 0.0, 0.0, 0
+    while k < len(jobs) or ready:
+        if not ready:
+            time = max(time, jobs[k][0])
+        while k < len(jobs) and jobs[k][0] <= time:
+            heapq.heappush(ready, (-jobs[k][2], jobs[k][1]))
+            k += 1
+        neg_tail, remaining = heapq.heappop(ready)
+        next_release = jobs[k][0] if k < len(jobs) else math.inf
+        if time + remaining <= next_release:
+            time += remaining
+            best = max(best, time - neg_tail)
+        else:
+            heapq.heappush(ready, (neg_tail, remaining - (next_release - time)))
+            time = next_release
+    return best
+
+
+def _device_jobs(problem: Problem, head, tail) -> list[list[tuple[float, float, float]]]:
+    dur = _durations(problem)
+    device = problem.tables().device
+    jobs: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
+    for kind in ("F", "B", "W"):
+        for s in range(problem.num_stages):
+            for i in range(problem.num_microbatches):
+                jobs[device[s]].append((head[kind][s][i], dur[kind][s], tail[kind][s][i]))
+    return jobs
+
+
+def makespan_lower_bound(problem: Problem) -> LowerBound:
+    """The best of the busiest-device, heads-and-tails and memory bounds (see module doc)."""
+    dur = _durations(problem)
+    device = problem.tables().device
+    m = problem.num_microbatches
+    work = [0.0] * problem.num_devices
+    for s in range(problem.num_stages):
+        work[device[s]] += m * (dur["F"][s] + dur["B"][s] + dur["W"][s])
+    best = LowerBound(max(work), "busiest device's work")
+
+    tail = _tails(problem)
+    plain = _device_jobs(problem, _heads(problem, memory_aware=False), tail)
+    value = max(jackson_preemptive(jobs) for jobs in plain)
+    if value > best.value * (1 + 1e-12):
+        best = LowerBound(value, "warm-up, work and cool-down (heads and tails)")
+    if problem.memory_limit is not None:
+        aware = _device_jobs(problem, _heads(problem, memory_aware=True), tail)
+        value = max(jackson_preemptive(jobs) for jobs in aware)
+        if value > best.value * (1 + 1e-12):
+            best = LowerBound(value, "memory limit delays forwards (memory-aware heads and tails)")
+    return best
+
+
+def span_lower_bound(problem: Problem) -> LowerBound:
+    """A bound on the longest device span: busy time plus idle forced inside each device."""
+    head = _heads(problem, memory_aware=problem.memory_limit is not None)
+    jobs = _device_jobs(problem, head, {k: [[0.0] * problem.num_microbatches for _ in range(problem.num_stages)] for k in head})
+    value = 0.0
+    for device_jobs in jobs:
+        first = min(r for r, _, _ in device_jobs)
+        value = max(value, jackson_preemptive([(r - first, p, q) for r, p, q in device_jobs]))
+    return LowerBound(value, "busy time and forced idle of the busiest device")
+
+
+def lower_bound(problem: Problem, objective: str = "makespan") -> LowerBound:
+    return span_lower_bound(problem) if objective == "span" else makespan_lower_bound(problem)

@@ -1,0 +1,168 @@
+"""CP-SAT model of a (sub)problem: an interval per op, no-overlap per device, memory reservoirs.
+
+Laid out like OR-Tools' job-shop sample: data, variables, constraints, objective,
+solve, read the solution. The model decides start times in integer ticks
+(optimizer.exact.timescale); callers keep only the resulting per-device orders and
+re-simulate them in the user's units.
+
+Determinism: with a fixed seed and a fixed number of workers, a run that ends by
+optimality or by `deterministic_limit` repeats exactly. A run cut by the wall-clock
+limit (or with several workers racing) may stop at a different incumbent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ortools.sat.python import cp_model
+
+from optimizer.exact.subproblem import SubProblem
+
+
+@dataclass
+class CpsatResult:
+    status: str  # "optimal", "feasible", "infeasible", "unknown"
+    starts: list[int] | None
+    objective: int | None  # makespan (or span) in ticks of the returned solution
+    bound: int  # proven lower bound on the objective, in ticks
+    interrupted: bool = False
+    seconds: float = 0.0
+
+
+class _Reporter(cp_model.CpSolverSolutionCallback):
+    """Forwards each improving solution (objective, bound) to the caller."""
+
+    def __init__(self, makespan: cp_model.IntVar, on_solution: Callable[[int, int], None] | None):
+        super().__init__()
+        self._makespan = makespan
+        self._on_solution = on_solution
+
+    def on_solution_callback(self) -> None:
+        if self._on_solution is not None:
+            self._on_solution(self.value(self._makespan), int(self.best_objective_bound))
+
+
+def solve_cpsat_subproblem(
+    sub: SubProblem,
+    *,
+    time_limit: float,
+    seed: int = 0,
+    threads: int = 2,
+    objective: str = "makespan",
+    compact: bool = False,
+    deterministic_limit: float | None = None,
+    on_solution: Callable[[int, int], None] | None = None,
+) -> CpsatResult:
+    """Minimize the makespan (or longest device span) of `sub`.
+
+    compact: add, with a small weight, the sum of end times, so that among equally long
+    schedules the one that finishes its ops earliest wins; neighbourhood search uses it
+    to keep making progress when the makespan is set by ops outside the window. The
+    reported bound is then on the weighted objective and is not used as a makespan bound.
+    """
+    # --- data -------------------------------------------------------------------------
+    n = len(sub.ops)
+    horizon = sub.horizon()
+    devices = range(sub.num_devices)
+
+    # --- variables --------------------------------------------------------------------
+    model = cp_model.CpModel()
+    start, end, interval = [], [], []
+    for j, op in enumerate(sub.ops):
+        name = f"{op.kind}_{op.stage}_{op.microbatch}"
+        latest = max(sub.release[j], horizon - sub.duration[j] - sub.tail[j])
+        s = model.new_int_var(sub.release[j], latest, f"start_{name}")
+        e = model.new_int_var(sub.release[j] + sub.duration[j], latest + sub.duration[j], f"end_{name}")
+        start.append(s)
+        end.append(e)
+        interval.append(model.new_interval_var(s, sub.duration[j], e, f"interval_{name}"))
+    makespan = model.new_int_var(sub.floor, horizon, "makespan")
+
+    # --- constraints ------------------------------------------------------------------
+    ops_on = [[j for j in range(n) if sub.device[j] == d] for d in devices]
+    for d in devices:
+        model.add_no_overlap([interval[j] for j in ops_on[d]])
+    for a, b, delay in sub.precedences:
+        model.add(start[b] >= end[a] + delay)
+    for a, b in sub.in_order:
+        model.add(start[b] >= end[a])
+    for d in devices:
+        limit = sub.limit[d]
+        if limit is None:
+            continue
+        # Memory changes at an F's start and at a B's or W's end; ops on one device never
+        # overlap, so these events follow the device's order exactly.
+        times = [start[j] if sub.ops[j].kind == "F" else end[j] for j in ops_on[d]]
+        changes = [sub.delta[j] for j in ops_on[d]]
+        if max(changes, default=0) > 0:
+            lowest = -sum(-c for c in changes if c < 0) - abs(sub.initial_memory[d]) - 1
+            model.add_reservoir_constraint(times, changes, min(lowest, 0), limit - sub.initial_memory[d])
+    for j in range(n):
+        model.add(makespan >= end[j] + sub.tail[j])
+
+    # --- objective --------------------------------------------------------------------
+    target = makespan
+    if objective == "span":
+        spans = []
+        for d in devices:
+            if not ops_on[d]:
+                continue
+            first = model.new_int_var(0, horizon, f"first_start_{d}")
+            last = model.new_int_var(0, horizon, f"last_end_{d}")
+            model.add_min_equality(first, [start[j] for j in ops_on[d]])
+            model.add_max_equality(last, [end[j] for j in ops_on[d]])
+            spans.append(last - first)
+        target = model.new_int_var(0, horizon, "longest_span")
+        for span in spans:
+            model.add(target >= span)
+    if compact:
+        model.minimize(target * (n + 1) + sum(end))
+    else:
+        model.minimize(target)
+    if sub.hint is not None:
+        for j in range(n):
+            model.add_hint(start[j], sub.hint[j])
+            model.add_hint(end[j], sub.hint[j] + sub.duration[j])
+
+    # --- solve ------------------------------------------------------------------------
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+    if deterministic_limit is not None:
+        solver.parameters.max_deterministic_time = deterministic_limit
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is handled by _solve_interruptibly
+    reporter = _Reporter(target, on_solution)
+    began = time.perf_counter()
+    status, interrupted = _solve_interruptibly(solver, model, reporter)
+    seconds = time.perf_counter() - began
+
+    # --- read the solution ------------------------------------------------------------
+    names = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}
+    name = names.get(status, "unknown")
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        starts = [solver.value(s) for s in start]
+        value = solver.value(target)
+        bound = value if status == cp_model.OPTIMAL else int(solver.best_objective_bound)
+        if compact and status != cp_model.OPTIMAL:
+            bound = 0
+        return CpsatResult(name, starts, value, bound, interrupted, seconds)
+    return CpsatResult(name, None, None, 0, interrupted, seconds)
+
+
+def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, reporter) -> tuple[int, bool]:
+    """Solve in a worker thread so that Ctrl-C reaches Python; on Ctrl-C stop the search."""
+    outcome: dict[str, int] = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault("status", solver.solve(model, reporter)), daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        solver.stop_search()
+        worker.join()
+        return outcome.get("status", cp_model.UNKNOWN), True
+    return outcome["status"], False

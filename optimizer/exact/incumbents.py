@@ -1,0 +1,68 @@
+"""Starting points: every applicable known schedule, made canonical and timed.
+
+The best one that fits the memory limit is the incumbent every solver starts from (and
+must never do worse than); when none fits, the one that overshoots least is named in the
+error message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from optimizer.exact.canonical import canonical
+from optimizer.problem import Problem
+from optimizer.schedule import Op, Schedule
+from optimizer.schedules import applicable
+from optimizer.simulate import simulate
+
+
+@dataclass
+class Candidate:
+    name: str
+    schedule: Schedule  # timed in the user's units, canonical order
+    overshoot: float  # largest relative excess over a device's memory limit (0 when it fits)
+
+    @property
+    def fits(self) -> bool:
+        return self.overshoot <= 1e-9
+
+
+def overshoot(schedule: Schedule) -> float:
+    limits = schedule.problem.tables().limit
+    worst = 0.0
+    for peak, limit in zip(schedule.metrics.peak_memory, limits):
+        worst = max(worst, (peak - limit) / limit)
+    return worst
+
+
+def candidate(problem: Problem, name: str, orders: Sequence[Sequence[Op]]) -> Candidate:
+    schedule = simulate(problem, canonical(orders), method=name)
+    return Candidate(name, schedule, overshoot(schedule))
+
+
+def generator_candidates(problem: Problem) -> tuple[list[Candidate], dict[str, str]]:
+    """Every applicable generator's schedule, canonical and timed; plus the ones that failed and why."""
+    found, failed = [], {}
+    for generator in applicable(problem):
+        try:
+            found.append(candidate(problem, generator.name, generator.build(problem)))
+        except Exception as error:  # a broken family must not stop the solver; it is reported
+            failed[generator.name] = f"{error.__class__.__name__}: {error}"
+    return found, failed
+
+
+def best_fitting(candidates: Sequence[Candidate], objective: str = "makespan") -> Candidate | None:
+    fitting = [c for c in candidates if c.fits]
+    return min(fitting, key=lambda c: objective_value(c.schedule, objective), default=None)
+
+
+def closest(candidates: Sequence[Candidate]) -> Candidate | None:
+    return min(candidates, key=lambda c: (c.overshoot, c.schedule.makespan), default=None)
+
+
+def objective_value(schedule: Schedule, objective: str = "makespan") -> float:
+    """The makespan, or the longest single-device span."""
+    if objective == "span":
+        return max((ops[-1].end - ops[0].start for ops in schedule.devices if ops), default=0.0)
+    return schedule.makespan

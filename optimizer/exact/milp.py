@@ -1,0 +1,221 @@
+"""MILP model (PuLP) of the same (sub)problem as the CP-SAT model: big-M ordering binaries.
+
+Data, variables, constraints, objective, solve, read the solution, as in the CP-SAT
+model. A binary `before_a_b` decides the order of two ops on one device whose order is
+not already implied by dependencies and the in-order rule; memory at each allocation is
+the sum of the deltas of the ops ordered before it. The back end is CBC by default,
+HiGHS, or any solver PuLP knows by name (GUROBI, CPLEX_CMD, ...). The model is warm
+started from the incumbent. A time-limited run is reported "feasible" even when PuLP's
+status says Optimal: only `sol_status == LpSolutionOptimal` counts as a proof.
+
+Big-M models are weak: this one is for small instances and for cross-checking CP-SAT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# OR-Tools and highspy bundle different copies of libhighs.so.1 and a process can load
+# only one; pulp imports highspy when it is imported. Load OR-Tools first so that CP-SAT
+# keeps working in this process; HiGHS then runs in its own interpreter (highs_worker).
+try:
+    import ortools.sat.python.cp_model  # noqa: F401
+except ImportError:
+    pass
+import pulp
+
+from optimizer.errors import InputError
+from optimizer.exact.subproblem import SubProblem
+
+
+@dataclass
+class MilpResult:
+    status: str  # "optimal", "feasible", "infeasible", "unknown"
+    starts: list[int] | None
+    objective: float | None  # in ticks
+    bound: float  # proven lower bound in ticks (0 when the back end does not report one)
+    seconds: float
+    solver: str
+    interrupted: bool = False
+
+
+def _implied_order(sub: SubProblem) -> list[int]:
+    """For each op, a bitset of the ops that must start after it ends (transitive)."""
+    n = len(sub.ops)
+    direct = [0] * n
+    for a, b, _ in sub.precedences:
+        direct[a] |= 1 << b
+    for a, b in sub.in_order:
+        direct[a] |= 1 << b
+    # Ops in topological order of the hint when available, else by index with repetition.
+    after = list(direct)
+    order = sorted(range(n), key=lambda j: -(sub.hint[j] if sub.hint is not None else 0))
+    for _ in range(2 if sub.hint is not None else n):
+        changed = False
+        for a in order:
+            reach = after[a]
+            bits, extra = reach, 0
+            while bits:
+                low = bits & -bits
+                extra |= after[low.bit_length() - 1]
+                bits ^= low
+            if extra & ~reach:
+                after[a] = reach | extra
+                changed = True
+        if not changed:
+            break
+    return after
+
+
+_HIGHS_IN_ITS_OWN_PROCESS = "highs"
+
+
+def make_solver(name: str, time_limit: float, threads: int):
+    """A PuLP solver by our short name ("cbc", "highs") or PuLP's own name."""
+    key = name.lower()
+    if key == "cbc":
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=True, threads=threads)
+    if key == "highs":
+        return _HIGHS_IN_ITS_OWN_PROCESS
+    available = pulp.listSolvers(onlyAvailable=True)
+    if name not in pulp.listSolvers():
+        raise InputError(f"solver: unknown MILP solver '{name}' (use cbc, highs or one of {', '.join(available)})")
+    if name not in available:
+        raise InputError(f"solver: '{name}' is not installed here (available: cbc, highs, {', '.join(available)})")
+    try:
+        return pulp.getSolver(name, msg=False, timeLimit=time_limit, warmStart=True)
+    except TypeError:
+        return pulp.getSolver(name, msg=False, timeLimit=time_limit)
+
+
+def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "cbc", threads: int = 1) -> MilpResult:
+    """Minimize the makespan of `sub` with a big-M MILP."""
+    # --- data -------------------------------------------------------------------------
+    n = len(sub.ops)
+    horizon = sub.horizon()
+    must_follow = _implied_order(sub)
+    names = [f"{op.kind}_{op.stage}_{op.microbatch}" for op in sub.ops]
+    ops_on = [[j for j in range(n) if sub.device[j] == d] for d in range(sub.num_devices)]
+
+    def precedes(a: int, b: int) -> bool:
+        return bool(must_follow[a] >> b & 1)
+
+    # --- variables --------------------------------------------------------------------
+    model = pulp.LpProblem("pipeline_schedule", pulp.LpMinimize)
+    start = [
+        pulp.LpVariable(f"start_{names[j]}", lowBound=sub.release[j], upBound=max(sub.release[j], horizon - sub.duration[j] - sub.tail[j]))
+        for j in range(n)
+    ]
+    makespan = pulp.LpVariable("makespan", lowBound=sub.floor, upBound=horizon)
+    before: dict[tuple[int, int], pulp.LpVariable] = {}
+    for d_ops in ops_on:
+        for x, a in enumerate(d_ops):
+            for b in d_ops[x + 1 :]:
+                if not precedes(a, b) and not precedes(b, a):
+                    before[(a, b)] = pulp.LpVariable(f"before_{names[a]}_{names[b]}", cat=pulp.LpBinary)
+
+    def is_before(a: int, b: int):
+        """1 when op a runs before op b on their device (a constant or an expression)."""
+        if precedes(a, b):
+            return 1
+        if precedes(b, a):
+            return 0
+        return before[(a, b)] if (a, b) in before else 1 - before[(b, a)]
+
+    # --- constraints ------------------------------------------------------------------
+    for a, b, delay in sub.precedences:
+        model += start[b] >= start[a] + sub.duration[a] + delay
+    for a, b in sub.in_order:
+        model += start[b] >= start[a] + sub.duration[a]
+    for (a, b), y in before.items():
+        model += start[b] >= start[a] + sub.duration[a] - horizon * (1 - y)
+        model += start[a] >= start[b] + sub.duration[b] - horizon * y
+    for d, d_ops in enumerate(ops_on):
+        limit = sub.limit[d]
+        if limit is None:
+            continue
+        for x in d_ops:
+            if sub.delta[x] <= 0:
+                continue  # usage only rises at allocations; checking there is enough
+            usage = sub.initial_memory[d] + sub.delta[x] + pulp.lpSum(sub.delta[y] * is_before(y, x) for y in d_ops if y != x)
+            model += usage <= limit
+    for j in range(n):
+        model += makespan >= start[j] + sub.duration[j] + sub.tail[j]
+
+    # --- objective --------------------------------------------------------------------
+    model += makespan
+
+    if sub.hint is not None:
+        for j in range(n):
+            start[j].setInitialValue(sub.hint[j])
+        for (a, b), y in before.items():
+            y.setInitialValue(1 if sub.hint[a] < sub.hint[b] else 0)
+        makespan.setInitialValue(max([sub.floor] + [sub.hint[j] + sub.duration[j] + sub.tail[j] for j in range(n)]))
+
+    # --- solve ------------------------------------------------------------------------
+    backend = make_solver(solver, max(1.0, time_limit), threads)
+    began = time.perf_counter()
+    if backend is _HIGHS_IN_ITS_OWN_PROCESS:
+        proven, bound, interrupted = _solve_with_highs_worker(model, max(1.0, time_limit), threads)
+    else:
+        proven, bound, interrupted = _solve_with_pulp(model, backend, solver)
+    seconds = time.perf_counter() - began
+
+    # --- read the solution ------------------------------------------------------------
+    if proven is None or any(s.varValue is None for s in start):
+        status = "infeasible" if model.sol_status == pulp.LpSolutionInfeasible else "unknown"
+        return MilpResult(status, None, None, 0.0, seconds, solver, interrupted)
+    starts = [round(s.varValue) for s in start]
+    objective = max([sub.floor] + [starts[j] + sub.duration[j] + sub.tail[j] for j in range(n)])
+    return MilpResult("optimal" if proven else "feasible", starts, float(objective), objective if proven else bound, seconds, solver, interrupted)
+
+
+def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | None, float, bool]:
+    """(proven optimal or None when no solution, bound, interrupted) from a PuLP back end."""
+    try:
+        model.solve(backend)
+    except KeyboardInterrupt:
+        return None, 0.0, True
+    except pulp.PulpSolverError as error:
+        raise InputError(f"solver: {name} failed: {error}") from None
+    # A time-limited CBC run reports status Optimal; only sol_status tells a proof apart.
+    if model.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return None, 0.0, False
+    return model.sol_status == pulp.LpSolutionOptimal, 0.0, False
+
+
+def _solve_with_highs_worker(model: pulp.LpProblem, time_limit: float, threads: int) -> tuple[bool | None, float, bool]:
+    """Solve through highs_worker.py in a fresh interpreter (see its doc for why)."""
+    worker = Path(__file__).with_name("highs_worker.py")
+    with tempfile.TemporaryDirectory(prefix="pipesched-highs-") as folder:
+        mps, start_file, out = (Path(folder) / name for name in ("model.mps", "start.json", "out.json"))
+        model.writeMPS(str(mps))
+        start = {v.name: v.varValue for v in model.variables() if v.varValue is not None}
+        start_file.write_text(json.dumps({"time_limit": time_limit, "threads": threads, "seed": 0, "start": start}))
+        process = subprocess.Popen([sys.executable, str(worker), str(mps), str(start_file), str(out)])
+        try:
+            process.wait()
+        except KeyboardInterrupt:
+            process.terminate()
+            process.wait()
+            return None, 0.0, True
+        if process.returncode != 0 or not out.exists():
+            raise InputError(f"solver: highs failed (exit {process.returncode})")
+        result = json.loads(out.read_text())
+    if not result["has_solution"]:
+        model.sol_status = pulp.LpSolutionInfeasible if result["status"] == "Infeasible" else pulp.LpSolutionNoSolutionFound
+        return None, 0.0, False
+    values = result["values"]
+    for v in model.variables():
+        v.varValue = values.get(v.name)
+    bound = result["bound"]
+    bound = float(bound) if isinstance(bound, (int, float)) and math.isfinite(bound) else 0.0
+    model.sol_status = pulp.LpSolutionOptimal if result["optimal"] else pulp.LpSolutionIntegerFeasible
+    return bool(result["optimal"]), bound, False

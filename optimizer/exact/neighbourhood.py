@@ -1,0 +1,134 @@
+"""Large-neighbourhood search: re-optimize windows of the incumbent in time with CP-SAT.
+
+A window frees the ops that start in [t0, t1) on every device; ops before it keep their
+times and ops after it keep their order (see optimizer.exact.subproblem, whose tails
+make the window model's makespan the whole schedule's). Windows are visited where the
+incumbent has idle time first, each solved for a short deterministic effort; an improved
+window is spliced in and the whole order re-simulated, and kept only when the whole
+schedule gets shorter, or as short and finishing its ops earlier overall. When a round
+finds nothing, windows grow, so the search keeps improving with more time.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from optimizer.exact.cpsat import solve_cpsat_subproblem
+from optimizer.exact.incumbents import objective_value
+from optimizer.exact.subproblem import splice, window_subproblem
+from optimizer.exact.timescale import IntegerTables, tick_problem
+from optimizer.problem import Problem
+from optimizer.schedule import Op, Schedule, TimedOp
+from optimizer.simulate import simulate, simulate_times
+
+# Free ops per window: small enough that CP-SAT closes most windows in well under a
+# second, large enough to move a warm-up or cool-down as a whole.
+FIRST_WINDOW_OPS = 90
+MAX_WINDOW_OPS = 700
+
+
+@dataclass
+class _State:
+    orders: list[list[Op]]
+    timed: list[list[TimedOp]]  # in ticks
+    schedule: Schedule  # in the user's units
+    value: float  # objective in the user's units
+    compactness: int  # sum of all ends in ticks: the tie-breaker
+
+
+def _evaluate(problem: Problem, ticks: Problem, orders: list[list[Op]], objective: str) -> _State:
+    timed = simulate_times(ticks, orders)
+    schedule = simulate(problem, orders)
+    return _State(orders, timed, schedule, objective_value(schedule, objective), int(sum(t.end for ops in timed for t in ops)))
+
+
+def _windows(timed: Sequence[Sequence[TimedOp]], size: int, rng: random.Random) -> list[tuple[int, int]]:
+    """Windows [t0, t1) of about `size` op starts, overlapping by half, idle ones first."""
+    starts = sorted(round(t.start) for ops in timed for t in ops)
+    end = max(round(t.end) for ops in timed for t in ops)
+    step = max(1, size // 2)
+    windows = []
+    for k in range(0, len(starts), step):
+        t0 = starts[k]
+        t1 = starts[k + size] if k + size < len(starts) else end + 1
+        if t1 > t0:
+            windows.append((t0, t1))
+    windows = sorted(set(windows))
+    idle = {w: _idle_inside(timed, *w) for w in windows}
+    rng.shuffle(windows)
+    windows.sort(key=lambda w: -idle[w])
+    return windows
+
+
+def _idle_inside(timed: Sequence[Sequence[TimedOp]], t0: int, t1: int) -> int:
+    idle = 0
+    for ops in timed:
+        busy = sum(max(0, min(t.end, t1) - max(t.start, t0)) for t in ops if t.end > t0 and t.start < t1)
+        first, last = (round(ops[0].start), round(ops[-1].end)) if ops else (0, 0)
+        span = max(0, min(t1, last) - max(t0, first))
+        idle += max(0, round(span - busy))
+    return idle
+
+
+def neighbourhood_search(
+    problem: Problem,
+    tables: IntegerTables,
+    orders: list[list[Op]],
+    *,
+    deadline: float,
+    seed: int = 0,
+    threads: int = 2,
+    objective: str = "makespan",
+    target: float = 0.0,
+    on_improve: Callable[[Schedule], None] | None = None,
+) -> Schedule:
+    """Improve a canonical feasible order until `deadline` (time.monotonic) or `target` is reached.
+
+    Raises KeyboardInterrupt after reporting the best schedule through `on_improve`; the
+    caller keeps it.
+    """
+    ticks = tick_problem(problem, tables)
+    rng = random.Random(seed)
+    state = _evaluate(problem, ticks, orders, objective)
+    size = FIRST_WINDOW_OPS
+    total_ops = sum(len(ops) for ops in orders)
+    while time.monotonic() < deadline and state.value > target * (1 + 1e-9):
+        improved_this_round = False
+        for t0, t1 in _windows(state.timed, size, rng):
+            left = deadline - time.monotonic()
+            if left <= 0.05 or state.value <= target * (1 + 1e-9):
+                break
+            sub = window_subproblem(problem, tables, state.timed, t0, t1)
+            if len(sub.ops) < 2:
+                continue
+            result = solve_cpsat_subproblem(
+                sub,
+                time_limit=min(left, 10.0),
+                seed=rng.randrange(1 << 30),
+                threads=threads,
+                objective="makespan",
+                compact=True,
+                deterministic_limit=0.5 + len(sub.ops) / 100,
+            )
+            if result.starts is not None:
+                candidate_orders = splice(state.timed, t0, t1, sub.orders_from_starts(result.starts))
+                candidate = _evaluate(problem, ticks, candidate_orders, objective)
+                better = candidate.value < state.value * (1 - 1e-12) or (
+                    candidate.value <= state.value * (1 + 1e-12) and candidate.compactness < state.compactness
+                )
+                if better and candidate.schedule.fits_memory():
+                    gained = candidate.value < state.value * (1 - 1e-12)
+                    state = candidate
+                    improved_this_round = improved_this_round or gained
+                    if gained and on_improve is not None:
+                        on_improve(state.schedule)
+            if result.interrupted:
+                raise KeyboardInterrupt
+        if not improved_this_round:
+            if size >= min(MAX_WINDOW_OPS, total_ops):
+                rng.seed(rng.random())  # new offsets, same sizes
+            size = min(MAX_WINDOW_OPS, total_ops, int(size * 1.5))
+    return state.schedule

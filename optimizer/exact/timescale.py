@@ -1,0 +1,140 @@
+"""Integer time and memory for the CP-SAT and MILP models.
+
+CP-SAT works on integers, so durations, transfer time and memory deltas are scaled to
+a grid. When the user's numbers have few decimals the grid is exact (e.g. 0.63 -> 63
+hundredths) and nothing is lost. Otherwise durations are rounded *down* on a grid fine
+enough that the smallest op spans at least `MIN_TICKS` ticks: any real schedule then maps
+to a valid integer one that is no longer, so the model's lower bound stays a lower bound
+in real units. Memory is rounded conservatively instead (allocations up, frees down, the
+limit down), so every order the model accepts fits the real limit.
+
+Models only decide orders; the final times always come from re-simulating the order in
+the user's floats, so the reported schedule is exact whatever the grid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import reduce
+
+from optimizer.problem import Problem
+
+MIN_TICKS = 1000
+# Largest number of ticks we let a horizon reach; CP-SAT handles int64 but keeps its
+# linear relaxation well conditioned when values stay moderate.
+MAX_HORIZON_TICKS = 10**9
+MEMORY_UNITS = 10**6  # resolution of memory when no exact decimal grid exists
+KINDS = ("F", "B", "W")
+
+
+def _exact_decimal_scale(values: list[float], max_power: int) -> int | None:
+    """Smallest 10**k (k <= max_power) making every value an integer, or None."""
+    for k in range(max_power + 1):
+        scale = 10**k
+        if all(abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, abs(v * scale)) for v in values):
+            return scale
+    return None
+
+
+@dataclass(frozen=True)
+class IntegerTables:
+    """Per stage and kind, integer durations and memory deltas; per device, the integer limit."""
+
+    time_scale: float  # ticks per user time unit
+    memory_scale: float  # memory units per user memory unit
+    exact_time: bool
+    exact_memory: bool
+    max_time_rounding: float  # largest relative rounding of any duration (0 when exact)
+    device: tuple[int, ...]
+    duration: dict[str, tuple[int, ...]]
+    memory: dict[str, tuple[int, ...]]
+    comm: int
+    limit: tuple[int | None, ...]  # None when unlimited
+
+    def ticks(self, value: float) -> int:
+        return math.floor(value * self.time_scale + 1e-9)
+
+    def to_time(self, ticks: float) -> float:
+        return ticks / self.time_scale
+
+    def describe(self) -> str:
+        if self.exact_time:
+            grid = f"exact time grid of 1/{self.time_scale:g} unit"
+        else:
+            grid = f"time rounded down to 1/{self.time_scale:g} unit (at most {self.max_time_rounding:.2%} per op)"
+        memory = "exact memory grid" if self.exact_memory else f"memory rounded conservatively to 1/{self.memory_scale:g} unit"
+        return f"{grid}; {memory}"
+
+
+def integer_tables(problem: Problem) -> IntegerTables:
+    """Scale the problem's times and memory to integers (see the module doc for the rules)."""
+    t = problem.tables()
+    durations = {"F": t.forward, "B": t.backward_input, "W": t.backward_weight}
+    times = [v for kind in KINDS for v in durations[kind]] + [problem.comm_time]
+    total = sum(sum(durations[kind]) for kind in KINDS) * problem.num_microbatches + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches
+    scale = _exact_decimal_scale(times, 4)
+    exact_time = scale is not None and total * scale <= MAX_HORIZON_TICKS
+    if not exact_time:
+        smallest = min(v for v in times if v > 0)
+        scale = 10 ** max(0, math.ceil(math.log10(MIN_TICKS / smallest)))
+    rounding = 0.0
+    ticks: dict[str, tuple[int, ...]] = {}
+    for kind in KINDS:
+        values = []
+        for v in durations[kind]:
+            tick = max(1, math.floor(v * scale + 1e-9))
+            rounding = max(rounding, abs(v * scale - tick) / (v * scale))
+            values.append(tick)
+        ticks[kind] = tuple(values)
+    comm = math.floor(problem.comm_time * scale + 1e-9)
+
+    deltas = {"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight}
+    limits = [None if math.isinf(v) else v for v in t.limit]
+    mem_values = [v for kind in KINDS for v in deltas[kind]]
+    mem_scale = _exact_decimal_scale(mem_values + [v for v in limits if v is not None], 6)
+    exact_memory = mem_scale is not None
+    memory: dict[str, tuple[int, ...]] = {}
+    if exact_memory:
+        integers = {kind: [round(v * mem_scale) for v in deltas[kind]] for kind in KINDS}
+        divisor = reduce(math.gcd, (abs(v) for kind in KINDS for v in integers[kind]), 0) or 1
+        memory = {kind: tuple(v // divisor for v in integers[kind]) for kind in KINDS}
+        mem_scale = mem_scale / divisor
+        int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
+    else:
+        mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
+        # Allocations up, frees down (towards zero), limit down: conservative.
+        memory = {kind: tuple(math.ceil(v * mem_scale - 1e-9) for v in deltas[kind]) for kind in KINDS}
+        int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
+
+    return IntegerTables(
+        time_scale=float(scale),
+        memory_scale=float(mem_scale),
+        exact_time=exact_time,
+        exact_memory=exact_memory,
+        max_time_rounding=rounding,
+        device=t.device,
+        duration=ticks,
+        memory=memory,
+        comm=comm,
+        limit=int_limits,
+    )
+
+
+def tick_problem(problem: Problem, tables: IntegerTables) -> Problem:
+    """The same problem with durations and transfer time in integer ticks (memory unchanged).
+
+    Simulating an order on it gives the integer times a model's hint needs.
+    """
+    stages = []
+    for s, stage in enumerate(problem.stages):
+        stages.append(
+            stage.model_copy(
+                update={
+                    "forward": float(tables.duration["F"][s]),
+                    "backward_input": float(tables.duration["B"][s]),
+                    "backward_weight": float(tables.duration["W"][s]),
+                }
+            )
+        )
+    return problem.model_copy(update={"stages": stages, "comm_time": float(tables.comm)})
