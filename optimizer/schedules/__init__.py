@@ -8,6 +8,7 @@ from optimizer.schedule import Schedule
 from optimizer.schedules import (
     dualpipe_v,
     gpipe,
+    greedy,
     interleaved,
     one_f_one_b,
     v_half,
@@ -22,7 +23,7 @@ from optimizer.simulate import simulate
 # Each family module exposes GENERATOR; the order here is the order `compare` prints.
 GENERATORS: dict[str, Generator] = {
     module.GENERATOR.name: module.GENERATOR
-    for module in (gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v, v_half, v_min, dualpipe_v)
+    for module in (gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v, v_half, v_min, dualpipe_v, greedy)
 }
 
 
