@@ -187,13 +187,16 @@ class SplitBackward:
 
 def backward_weight(work: WeightWork) -> None:
     """Accumulate the parameter gradients of one microbatch into `.grad`; frees the graph."""
+    # A group whose nodes sit one above another re-runs the input-path nodes between
+    # them, which other groups' calls may have freed; keep buffers until W ends then.
+    retain = any(clamps for _, _, _, clamps in work.groups)
     for edges, grads, params, clamps in work.groups:
         # A parameter used in two places can put one frontier node downstream of another
         # in the same group; pinning each node's gradient to the recorded one keeps the
         # second from adding to the first (rare: shared weights inside one stage).
         handles = [node.register_prehook(lambda _, grads=grads: grads) for node, grads in clamps]
         try:
-            found = torch.autograd.grad(edges, params, grads, allow_unused=True)
+            found = torch.autograd.grad(edges, params, grads, retain_graph=retain, allow_unused=True)
         finally:
             for handle in handles:
                 handle.remove()

@@ -6,7 +6,149 @@ torch is imported inside the runtime commands only, so the optimizer's commands 
 
 from __future__ import annotations
 
-from optimizer.cli import app
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from optimizer.cli import app, user_errors
+from optimizer.errors import InputError
+
+_BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."
+_TIMEOUT_HELP = "Seconds a rank may wait for one transfer before every rank fails, naming the op."
+_MODEL_HELP = "example[:layers=8,hidden=128,heads=4,vocab=256,seq_len=32,batch_size=2,split=1/3/3/1] or package.module:build_stages."
+
+
+def _start_rank_server() -> None:
+    # Before torch is imported here, so the rank server's import runs alongside ours.
+    if "RANK" not in os.environ:
+        from runtime.forkserver import rank_context
+
+        rank_context()
+
+
+def _positive(value: float, name: str) -> None:
+    if not value > 0:
+        raise InputError(f"{name}: must be positive, got {value:g}")
+
+
+@app.command()
+@user_errors
+def run(
+    schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to run."),
+    model: str = typer.Option(..., "--model", help=_MODEL_HELP),
+    steps: int = typer.Option(3, "--steps", min=1, help="Training steps."),
+    check: bool = typer.Option(False, "--check", help="Compare the first step's loss and gradients with one process."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
+    timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
+) -> None:
+    """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
+    _start_rank_server()
+    from optimizer.schedule import load_schedule
+    from runtime.launch import launch, run_here, under_torchrun
+    from runtime.models import load_model
+    from runtime.plan import build_plans
+    from runtime.worker import CheckError, RunJob
+
+    _positive(timeout, "timeout")
+    schedule = load_schedule(schedule_file, check=False)
+    world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else schedule.problem.num_devices
+    build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank
+    load_model(model, schedule.problem.num_stages)  # a bad model name fails here, once
+    job = RunJob(schedule.to_json(), str(schedule_file), model, steps=steps, check=check, timeout_s=timeout)
+    summary = run_here(job, backend, threads) if under_torchrun() else launch(job, world_size, backend, threads)
+    if summary is None:  # a rank other than 0 under torchrun
+        return
+    summary["backend"] = backend
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        _print_run(summary)
+    if check and not summary["check"]["passed"]:
+        raise CheckError(f"check failed: {summary['check']['first_mismatch']}")
+
+
+def _print_run(summary: dict) -> None:
+    losses = summary["losses"]
+    print(
+        f"ran {summary['method']} on {summary['devices']} ranks ({summary['backend']}), {summary['stages']} stages, "
+        f"{summary['microbatches']} microbatches: {summary['steps']} steps, median step {summary['median_step_ms']:.2f} ms "
+        f"(schedule's makespan {summary['predicted_makespan']:.4g} in its time unit)"
+    )
+    print(f"loss {losses[0]:.6g}" + (f" -> {losses[-1]:.6g}" if len(losses) > 1 else ""))
+    check = summary.get("check")
+    if check is None:
+        return
+    if check["passed"]:
+        print(
+            f"check passed: loss and {check['parameters']} parameter gradients match the single-process reference "
+            f"(largest relative error {check['max_relative_error']:.1e})"
+        )
+    else:
+        print(f"check FAILED: {check['first_mismatch']}")
+
+
+@app.command()
+@user_errors
+def profile(
+    model: str = typer.Option(..., "--model", help=_MODEL_HELP),
+    devices: int = typer.Option(..., "--devices", "-p", min=1, help="Pipeline devices (ranks)."),
+    microbatches: int = typer.Option(..., "--microbatches", "-m", min=1, help="Microbatches per step."),
+    placement: str = typer.Option("linear", help="linear | interleaved:V | vshape."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Measured steps (after one warm-up step)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
+    backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
+    timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
+    as_json: bool = typer.Option(False, "--json", help="Print the problem as JSON too."),
+) -> None:
+    """Measure per-stage F, B, W times, memory changes and transfer time; write a problem for `solve`."""
+    _start_rank_server()
+    from optimizer.io import write_json_atomic
+    from optimizer.problem import placement_devices
+    from runtime.launch import launch, run_here, under_torchrun
+    from runtime.models import load_model
+    from runtime.profile import ProfileJob
+
+    _positive(timeout, "timeout")
+    num_stages = len(placement_devices(placement, devices))
+    if not output.parent.is_dir() and str(output.parent):
+        raise InputError(f"{output}: folder {output.parent} does not exist")
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != devices:
+        raise InputError(f"devices: {devices}, but torchrun started {os.environ['WORLD_SIZE']} ranks")
+    load_model(model, num_stages)
+    job = ProfileJob(model, devices, microbatches, placement, steps=steps, timeout_s=timeout)
+    result = run_here(job, backend, threads) if under_torchrun() else launch(job, devices, backend, threads)
+    if result is None:
+        return
+    write_json_atomic(output, result["problem"])
+    if as_json:
+        print(json.dumps(result["problem"]))
+        return
+    _print_profile(result["problem"], output)
+
+
+def _print_profile(problem: dict, output: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{output}: {problem['num_devices']} devices, {problem['num_microbatches']} microbatches, "
+                  f"comm {problem['comm_time']:.3f} ms")
+    for column in ("stage", "device", "F ms", "B ms", "W ms", "F mem GiB", "B mem GiB", "W mem GiB"):
+        table.add_column(column, justify="right")
+    for s, stage in enumerate(problem["stages"]):
+        mem = stage["memory"]
+        table.add_row(
+            str(s), str(stage["device"]),
+            f"{stage['forward']:.3f}", f"{stage['backward_input']:.3f}", f"{stage['backward_weight']:.3f}",
+            f"{mem['forward']:.3g}", f"{mem['backward_input']:.3g}", f"{mem['backward_weight']:.3g}",
+        )
+    Console(highlight=False).print(table)
+    print(f"wrote {output}")
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ On NCCL every round of newly issued transfers goes out as one batch
 from __future__ import annotations
 
 import datetime
+import re
 import time
 from dataclasses import dataclass
 
@@ -148,7 +149,9 @@ class P2P:
             for work in works:
                 work.wait(self.timeout)
         except Exception as exc:  # the backends raise RuntimeError or DistBackendError
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+            text = str(exc).strip()
+            first_line = text.splitlines()[0] if text else exc.__class__.__name__
+            first_line = re.sub(r"^\[[^\]]*\]\s*", "", first_line)  # gloo's "[file.cc:line]" prefix
             if "timed out" in first_line.lower() or "timeout" in first_line.lower():
                 reason = f"no transfer within {self.timeout.total_seconds():g} s"
             else:

@@ -1,7 +1,7 @@
 """Starting the ranks: one process per device on this host, or this process under torchrun.
 
-`launch` starts `world_size` processes with torch.multiprocessing (forkserver: torch is
-imported once by the server, so ranks start in well under a second), wires them with a
+`launch` starts `world_size` processes forked from a server that imported torch once
+(runtime/forkserver.py, so ranks start in well under a second), wires them with a
 TCPStore on 127.0.0.1 at a port the operating system picks, and watches them. When a
 rank fails or dies, the others get a few seconds to fail on their own (a peer's
 transfer fails at once when its connection closes) and are then stopped; the error
@@ -25,9 +25,9 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from optimizer.errors import InputError, PipeschedError
+from runtime.forkserver import rank_context
 
 # How long the other ranks may take to fail on their own after one rank failed.
 _GRACE_SECONDS = 5.0
@@ -74,8 +74,7 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
         raise InputError(f"backend: nccl needs {world_size} GPUs, {torch.cuda.device_count()} visible")
     threads = threads or default_threads(world_size)
     store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=job.timeout_s), wait_for_workers=False)
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["runtime.launch"])
+    context = rank_context()
     with tempfile.TemporaryDirectory(prefix="pipesched-") as results:
         processes = [
             context.Process(

@@ -25,6 +25,9 @@ class MemoryMeter:
         self.cuda = device.type == "cuda"
         self._param_storages = {p.untyped_storage().data_ptr() for p in params}
         self.samples: dict[tuple[str, int], list[int]] = defaultdict(list)
+        # Saved-tensor hooks cost time in every F: the profiler measures memory and
+        # times in separate steps and switches the meter on for the memory ones only.
+        self.enabled = True
 
     @contextmanager
     def forward(self, stage: int) -> Iterator[Callable[[torch.Tensor], None]]:

@@ -54,7 +54,7 @@ class StageRunner:
         if not self.first and x.is_floating_point():
             # A leaf of this stage's graph: B asks autograd for its gradient.
             x = x.detach().requires_grad_(True)
-        with self.meter.forward(self.index) if self.meter else nullcontext(lambda out: None) as keep:
+        with self.meter.forward(self.index) if self._measuring() else nullcontext(lambda out: None) as keep:
             out = self.module(x)
             if self.last:
                 out = self.loss_fn(out, target) / self.num_microbatches
@@ -68,7 +68,7 @@ class StageRunner:
         """Gradient of this stage's input (None on the first stage); parameters wait for W."""
         state = self._in_flight[mb]
         held = lambda: state.work.nbytes() if state.work else 0  # noqa: E731
-        with self.meter.backward_input(self.index, held) if self.meter else nullcontext():
+        with self.meter.backward_input(self.index, held) if self._measuring() else nullcontext():
             grads, state.work = self.split.backward_input(state.output, grad, [state.input])
             state.input = state.output = None
         return grads[0]
@@ -80,6 +80,9 @@ class StageRunner:
     def backward_fused(self, mb: int, grad: torch.Tensor | None) -> torch.Tensor | None:
         state = self._in_flight.pop(mb)
         return backward_fused(state.output, grad, [state.input])[0]
+
+    def _measuring(self) -> bool:
+        return self.meter is not None and self.meter.enabled
 
     def start_step(self) -> None:
         self._loss = None

@@ -92,9 +92,10 @@ def summarize(job: RunJob, schedule, predicted: float, gathered: list) -> dict:
             "loss": loss_report[4],
             "reference_loss": loss_report[5],
         }
-        if not loss_report[3]:
-            check["first_mismatch"] = f"loss {loss_report[4]:.8g} != reference {loss_report[5]:.8g}"
-        elif mismatches:
+        # A parameter names where to look; the loss only says that something differs.
+        if mismatches:
             check["first_mismatch"] = mismatches[0].describe()
+        elif not loss_report[3]:
+            check["first_mismatch"] = f"loss {loss_report[4]:.8g} != reference {loss_report[5]:.8g}"
         summary["check"] = check
     return summary

@@ -1,0 +1,22 @@
+"""The process server that forks the ranks, started before anything imports torch.
+
+Ranks are forked from a server process that has imported torch and the runtime once
+(a fresh interpreter takes seconds to import torch; a fork takes milliseconds). The
+server imports them while this process goes on with its own work, so the two imports
+overlap. Only the standard library is imported here.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from multiprocessing.context import BaseContext
+
+
+def rank_context() -> BaseContext:
+    """The forkserver context, its server started (and importing the runtime) at first use."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["runtime.launch"])
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+    return context

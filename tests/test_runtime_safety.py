@@ -1,0 +1,132 @@
+"""The executor fails fast and clearly: deadlocks refused, stuck transfers time out, a dead
+rank stops the others, a wrong gradient is named.
+
+The faulty models below are user models (`--model test_runtime_safety:NAME`); the ranks
+import this module by name, so each is a plain module-level function.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch.nn as nn
+from typer.testing import CliRunner
+
+from optimizer.problem import uniform_problem
+from optimizer.schedule import Op, Schedule, TimedOp, save_schedule
+from optimizer.schedules import generate
+from runtime.cli import app
+from runtime.models import GPTConfig, build_example
+
+runner = CliRunner()
+TINY = GPTConfig(layers=2, hidden=32, heads=2, vocab=64, seq_len=16)
+_builds = {"count": 0}
+
+
+class _Fault(nn.Module):
+    """Wraps a stage; from its third forward on, it hangs or kills its process."""
+
+    def __init__(self, inner: nn.Module, action: str):
+        super().__init__()
+        self.inner, self.action, self.calls = inner, action, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 2:
+            if self.action == "hang":
+                time.sleep(120)
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner(x)
+
+
+def hanging_stage(num_stages: int):
+    model = build_example(TINY, num_stages)
+    model.stages[1] = _Fault(model.stages[1], "hang")
+    return model
+
+
+def dying_stage(num_stages: int):
+    model = build_example(TINY, num_stages)
+    model.stages[1] = _Fault(model.stages[1], "die")
+    return model
+
+
+def drifting_weights(num_stages: int):
+    """Every build in a process differs: the reference is not the pipeline's model."""
+    _builds["count"] += 1
+    model = build_example(TINY, num_stages)
+    bias = model.stages[1].blocks[0].mlp.fc.bias
+    bias.data += 0.1 * _builds["count"]
+    return model
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines, result.output
+    assert "Traceback" not in result.stderr
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def one_f_one_b(tmp_path_factory):
+    path = tmp_path_factory.mktemp("schedules") / "1f1b.json"
+    save_schedule(generate(uniform_problem(2, 4), "1f1b"), path)
+    return path
+
+
+def test_deadlocking_schedule_is_refused_before_any_rank_starts(tmp_path):
+    orders = [
+        [Op("BW", 0, 0), Op("F", 0, 0), Op("F", 0, 1), Op("BW", 0, 1)],
+        [Op("F", 1, 0), Op("BW", 1, 0), Op("F", 1, 1), Op("BW", 1, 1)],
+    ]
+    timed = [[TimedOp(*op, float(i), i + 1.0) for i, op in enumerate(ops)] for ops in orders]
+    path = tmp_path / "deadlock.json"
+    save_schedule(Schedule(uniform_problem(2, 2), "hand-made", timed), path)
+    result = invoke("run", path, "--model", "example")
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert "deadlock" in line
+    assert "device 0 waits at BW(stage 0, mb 0)" in line and "device 1 waits at F(stage 1, mb 0)" in line
+
+
+def test_bad_model_name_is_one_line_exit_2(one_f_one_b):
+    result = invoke("run", one_f_one_b, "--model", "example:depth=3")
+    assert result.exit_code == 2
+    assert error_line(result) == "error: model: unknown option 'depth' (known: batch_size, heads, hidden, layers, seed, seq_len, vocab, split)"
+
+
+def test_stuck_transfer_times_out_naming_op_peer_and_microbatch(one_f_one_b):
+    started = time.monotonic()
+    result = invoke("run", one_f_one_b, "--model", "test_runtime_safety:hanging_stage", "--timeout", "2")
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert "rank 0 at BW(stage 0, mb 1): gradient for stage 0 mb 1 from rank 1: no transfer within 2 s" in line
+    assert "rank 1 was stopped" in line
+    assert time.monotonic() - started < 30
+
+
+def test_killed_rank_does_not_hang_the_others(one_f_one_b):
+    started = time.monotonic()
+    result = invoke("run", one_f_one_b, "--model", "test_runtime_safety:dying_stage", "--timeout", "60")
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert line.startswith("error: rank 1 died (SIGKILL)")
+    assert "rank 0 at BW(stage 0, mb 1): gradient for stage 0 mb 1 from rank 1: the transfer failed" in line
+    assert time.monotonic() - started < 30  # far below the 60 s transfer timeout
+
+
+def test_check_names_the_first_mismatching_parameter(one_f_one_b):
+    result = invoke("run", one_f_one_b, "--model", "test_runtime_safety:drifting_weights", "--check", "--steps", "1")
+    assert result.exit_code == 1
+    assert "check FAILED" in result.stdout
+    # The changed bias is in stage 1, but its effect reaches every gradient upstream.
+    assert error_line(result).startswith("error: check failed: stage 0 parameter tok_emb.weight: relative error ")

@@ -1,0 +1,153 @@
+"""Runtime pieces in one process: the split backward, the plan, the models, the profile order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from optimizer.errors import DeadlockError, InputError
+from optimizer.problem import uniform_problem
+from optimizer.schedule import Op, Schedule, TimedOp
+from optimizer.schedules import generate
+from runtime.backward import SplitBackward, backward_fused, backward_weight
+from runtime.models import GPTConfig, build_example, even_split, load_model
+from runtime.plan import ACTIVATION, GRADIENT, build_plans
+from runtime.profile import profiling_schedule
+
+torch.set_num_threads(1)
+TINY = GPTConfig(layers=4, hidden=32, heads=2, vocab=64, seq_len=16)
+
+
+def _grads(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+
+
+def _split_matches_fused(module: nn.Module, make_input, loss=None, grad_shape=None):
+    torch.manual_seed(1)
+    x0 = make_input()
+    grad = None if grad_shape is None else torch.randn(grad_shape)
+
+    def forward(x):
+        out = module(x)
+        return loss(out) if loss else out
+
+    x = x0.detach().requires_grad_(x0.is_floating_point())
+    (fused_input,) = backward_fused(forward(x), grad, [x])
+    fused = _grads(module)
+    module.zero_grad(set_to_none=True)
+
+    x = x0.detach().requires_grad_(x0.is_floating_point())
+    split = SplitBackward(list(module.parameters()))
+    (split_input,), work = split.backward_input(forward(x), grad, [x])
+    assert all(p.grad is None for p in module.parameters()), "B must leave parameter gradients to W"
+    backward_weight(work)
+    assert _grads(module).keys() == fused.keys()
+    for name, g in _grads(module).items():
+        torch.testing.assert_close(g, fused[name], rtol=1e-6, atol=1e-7, msg=name)
+    if fused_input is None:
+        assert split_input is None
+    else:
+        torch.testing.assert_close(split_input, fused_input, rtol=1e-6, atol=1e-7)
+    return work
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_split_backward_equals_fused_on_gpt_stages(stage):
+    model = build_example(TINY, 3, [1, 2, 1])
+    module = model.stages[stage]
+    inputs, targets = model.make_batch(0, 1)
+    if stage == 0:
+        _split_matches_fused(module, lambda: inputs, grad_shape=(2, 16, 32))
+    elif stage == 1:
+        _split_matches_fused(module, lambda: torch.randn(2, 16, 32), grad_shape=(2, 16, 32))
+    else:
+        _split_matches_fused(module, lambda: torch.randn(2, 16, 32), loss=lambda out: model.loss_fn(out, targets))
+
+
+class _SharedWeight(nn.Module):
+    """One Linear applied twice: its weight's frontier nodes sit one above the other."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(8, 8)
+        self.other = nn.Linear(8, 8)
+        self.unused = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.shared(torch.tanh(self.other(self.shared(x))))
+
+
+def test_split_backward_with_a_weight_used_twice_and_an_unused_one():
+    work = _split_matches_fused(_SharedWeight(), lambda: torch.randn(4, 8), grad_shape=(4, 8))
+    assert work.groups == []  # W consumed it
+
+
+def test_split_backward_skips_weight_gradients_in_b():
+    """B's cost must not include the weight GEMMs: W has work left for every Linear."""
+    module = build_example(TINY, 3, [1, 2, 1]).stages[1]
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    split = SplitBackward(list(module.parameters()))
+    _, work = split.backward_input(module(x), torch.randn(2, 16, 32), [x])
+    covered = {id(p) for _, _, params, _ in work.groups for p in params}
+    assert covered == {id(p) for p in module.parameters()}
+
+
+def test_example_split_is_even_with_extra_layers_in_the_middle():
+    assert even_split(6, 4) == [1, 2, 2, 1]
+    assert even_split(8, 2) == [4, 4]
+    assert sum(even_split(7, 3)) == 7
+
+
+def test_example_model_options_and_errors():
+    model = load_model("example:layers=6,hidden=32,heads=2,split=1/2/2/1", 4)
+    assert [len(stage.blocks) for stage in model.stages] == [1, 2, 2, 1]
+    assert hasattr(model.stages[0], "tok_emb") and hasattr(model.stages[3], "head")
+    with pytest.raises(InputError, match="split has 3 stages"):
+        load_model("example:split=1/2/1", 4)
+    with pytest.raises(InputError, match="unknown option 'depth'"):
+        load_model("example:depth=3", 2)
+    with pytest.raises(InputError, match="cannot import"):
+        load_model("no_such_package.models:build", 2)
+
+
+def test_example_model_is_deterministic_per_stage():
+    a = build_example(TINY, 2)
+    b = build_example(TINY, 2)
+    for sa, sb in zip(a.stages, b.stages):
+        for pa, pb in zip(sa.parameters(), sb.parameters()):
+            assert torch.equal(pa, pb)
+    assert torch.equal(a.make_batch(3, 2)[0], b.make_batch(3, 2)[0])
+
+
+def test_plan_issues_messages_per_peer_in_one_global_order():
+    schedule = generate(uniform_problem(2, 4, placement="vshape"), "gpipe")
+    plans = build_plans(schedule, 2)
+    assert plans[0].peer_messages[1] == plans[1].peer_messages[0]  # both sides, same order
+    messages = plans[0].peer_messages[1]
+    # V placement: stages 1 and 2 share device 1, so their hand-off sends nothing.
+    assert not any(m.kind == ACTIVATION and m.stage == 2 for m in messages)
+    assert not any(m.kind == GRADIENT and m.stage == 1 for m in messages)
+    assert len(messages) == 2 * 4 * 2  # two cross-device boundaries, both ways, 4 microbatches
+    assert len({m.tag for m in messages}) == len(messages)
+
+
+def test_plan_refuses_deadlock_and_wrong_world_size():
+    problem = uniform_problem(2, 2)
+    orders = [
+        [Op("BW", 0, 0), Op("F", 0, 0), Op("F", 0, 1), Op("BW", 0, 1)],
+        [Op("F", 1, 0), Op("BW", 1, 0), Op("F", 1, 1), Op("BW", 1, 1)],
+    ]
+    fake_times = [[TimedOp(*op, 0.0, 1.0) for op in ops] for ops in orders]
+    schedule = Schedule(problem, "hand-made", fake_times)
+    with pytest.raises(DeadlockError, match=r"device 0 waits at BW\(stage 0, mb 0\)"):
+        build_plans(schedule, 2)
+    with pytest.raises(InputError, match="for 2 devices, the world has 4 ranks"):
+        build_plans(generate(problem, "1f1b"), 4)
+
+
+def test_profiling_schedule_splits_backward_for_every_placement():
+    for placement in ("linear", "interleaved:2", "vshape"):
+        schedule = profiling_schedule(2, 3, placement)
+        kinds = {op.kind for device in schedule.devices for op in device}
+        assert kinds == {"F", "B", "W"}
