@@ -51,7 +51,7 @@ def _comm(problem: Problem, a: int, b: int) -> float:
     return problem.comm_time if device[a] != device[b] else 0.0
 
 
-def _heads(problem: Problem, memory_aware: bool) -> dict[str, list[list[float]]]:
+def heads(problem: Problem, memory_aware: bool) -> dict[str, list[list[float]]]:
     """Earliest start of every op, optionally raised by the memory argument."""
     t = problem.tables()
     S, m = problem.num_stages, problem.num_microbatches
@@ -112,7 +112,7 @@ def _memory_release(t, stages: list[int], i: int, head, dur) -> float:
     return float(end[order][min(k, len(end) - 1)])
 
 
-def _tails(problem: Problem) -> dict[str, list[list[float]]]:
+def tails(problem: Problem) -> dict[str, list[list[float]]]:
     """Least work that must follow the end of every op before the schedule can end."""
     S, m = problem.num_stages, problem.num_microbatches
     dur = _durations(problem)
@@ -180,13 +180,13 @@ def makespan_lower_bound(problem: Problem) -> LowerBound:
         work[device[s]] += m * (dur["F"][s] + dur["B"][s] + dur["W"][s])
     best = LowerBound(max(work), "busiest device's work")
 
-    tail = _tails(problem)
-    plain = _device_jobs(problem, _heads(problem, memory_aware=False), tail)
+    tail = tails(problem)
+    plain = _device_jobs(problem, heads(problem, memory_aware=False), tail)
     value = max(jackson_preemptive(jobs) for jobs in plain)
     if value > best.value * (1 + 1e-12):
         best = LowerBound(value, "warm-up, work and cool-down (heads and tails)")
     if problem.memory_limit is not None:
-        aware = _device_jobs(problem, _heads(problem, memory_aware=True), tail)
+        aware = _device_jobs(problem, heads(problem, memory_aware=True), tail)
         value = max(jackson_preemptive(jobs) for jobs in aware)
         if value > best.value * (1 + 1e-12):
             best = LowerBound(value, "memory limit delays forwards (memory-aware heads and tails)")
@@ -195,7 +195,7 @@ def makespan_lower_bound(problem: Problem) -> LowerBound:
 
 def span_lower_bound(problem: Problem) -> LowerBound:
     """A bound on the longest device span: busy time plus idle forced inside each device."""
-    head = _heads(problem, memory_aware=problem.memory_limit is not None)
+    head = heads(problem, memory_aware=problem.memory_limit is not None)
     jobs = _device_jobs(problem, head, {k: [[0.0] * problem.num_microbatches for _ in range(problem.num_stages)] for k in head})
     value = 0.0
     for device_jobs in jobs:

@@ -2,9 +2,11 @@
 
 Devices take decisions in time order. A free device runs, among the ops whose inputs
 have arrived, the one its policy prefers (oldest microbatch first). A new microbatch may
-enter a device only when the device can hold every forward that microbatch will still
-put on it: this reservation keeps any limit at or above problem.min_memory_limit() free
-of memory deadlocks. A few policies (how many microbatches in flight, backward or
+enter a device (its forward on the device's first stage) only when the device keeps room
+for one more microbatch's forwards on its other stages: then the microbatch closest to
+its end can always take its next forward, every limit at or above
+problem.min_memory_limit() is free of memory deadlocks, and devices with two chunks
+(V shapes) can still fill their memory with first-chunk activations. A few policies (how many microbatches in flight, backward or
 forward first, weight gradients early or late) cover the shapes of the known schedules;
 the portfolio keeps the best.
 """
@@ -22,7 +24,7 @@ from optimizer.schedule import Op
 
 @dataclass(frozen=True)
 class Policy:
-    in_flight_factor: float  # a device admits up to factor * (p - rank) microbatches at once
+    in_flight_factor: float  # a device admits up to factor * (its distance to the pipeline's end) microbatches
     backward_first: bool
     eager_weights: bool  # run W right after its B instead of when nothing else is ready
 
@@ -44,16 +46,19 @@ def list_schedule(problem: Problem, policy: Policy) -> list[list[Op]] | None:
     mem = {"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight}
     stages_on = [problem.stages_on(d) for d in range(p)]
     first_stage = [stages[0] for stages in stages_on]
-    per_microbatch = [sum(t.mem_forward[s] for s in stages) for stages in stages_on]
+    # Room kept free at each entry: the forwards of one microbatch on the device's other stages.
+    reserve = [sum(t.mem_forward[s] for s in stages[1:]) for stages in stages_on]
     slack = [1e-9 * max(1.0, lim) if not math.isinf(lim) else 0.0 for lim in t.limit]
-    # Rank of a device in the pipeline: how far its first stage is from the start.
-    cap = [max(1, min(m, math.ceil(policy.in_flight_factor * (p - d)))) if not math.isinf(policy.in_flight_factor) else m for d in range(p)]
+    # A microbatch entering device d comes back after passing the S - first stages above
+    # it twice; with k stages on d, about (S - first) / k microbatches keep it busy meanwhile
+    # (p - d on the linear placement, as in 1F1B).
+    depth = [math.ceil((S - first_stage[d]) / len(stages_on[d])) for d in range(p)]
+    cap = [m if math.isinf(policy.in_flight_factor) else max(1, min(m, math.ceil(policy.in_flight_factor * depth[d]))) for d in range(p)]
 
     next_mb = {(k, s): 0 for k in ("F", "B", "W") for s in range(S)}
     ended: dict[tuple[str, int, int], float] = {}
     free_at = [0.0] * p
     usage = [0.0] * p
-    reserved = [0.0] * p  # forwards still owed to microbatches that entered the device
     entered = [0] * p
     left = [0] * p  # microbatches whose backward on the device's first stage is done
     orders: list[list[Op]] = [[] for _ in range(p)]
@@ -82,10 +87,11 @@ def list_schedule(problem: Problem, policy: Policy) -> list[list[Op]] | None:
                 r = ready_time(kind, s, i)
                 if r is None:
                     continue
-                if kind == "F" and s == first_stage[d]:
-                    if entered[d] - left[d] >= cap[d]:
+                if kind == "F":
+                    room = t.limit[d] + slack[d] - usage[d] - mem["F"][s]
+                    if s == first_stage[d] and (entered[d] - left[d] >= cap[d] or room < reserve[d]):
                         continue
-                    if usage[d] + reserved[d] + per_microbatch[d] > t.limit[d] + slack[d]:
+                    if room < 0:
                         continue
                 found.append((r, kind, s, i))
         return found
@@ -129,8 +135,6 @@ def list_schedule(problem: Problem, policy: Policy) -> list[list[Op]] | None:
             usage[d] += mem["F"][s]
             if s == first_stage[d]:
                 entered[d] += 1
-                reserved[d] += per_microbatch[d]
-            reserved[d] -= mem["F"][s]
         else:
             usage[d] += mem[kind][s]
             if kind == "B" and s == first_stage[d]:

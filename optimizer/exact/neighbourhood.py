@@ -104,14 +104,17 @@ def neighbourhood_search(
             sub = window_subproblem(problem, tables, state.timed, t0, t1)
             if len(sub.ops) < 2:
                 continue
+            # Windows need a good solution, not a proof: a short effort each, in
+            # deterministic units first and wall-clock as a cap.
+            effort = 0.2 + len(sub.ops) / 300
             result = solve_cpsat_subproblem(
                 sub,
-                time_limit=min(left, 10.0),
+                time_limit=min(left, 2 * effort),
                 seed=rng.randrange(1 << 30),
                 threads=threads,
                 objective="makespan",
                 compact=True,
-                deterministic_limit=0.5 + len(sub.ops) / 100,
+                deterministic_limit=effort,
             )
             if result.starts is not None:
                 candidate_orders = splice(state.timed, t0, t1, sub.orders_from_starts(result.starts))

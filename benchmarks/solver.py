@@ -1,0 +1,215 @@
+"""Solver benchmark: `auto` against every known schedule, with lower bounds and gaps.
+
+Grid: p in {4, 8, 16, 32}, m in {2p, 3p, 4p, 8p}; two timing profiles shaped like the
+Zero Bubble paper's measurements (per transformer stage, in units of one forward):
+
+* uniform: F = 1, B = 1, W = 0.6, comm = 0.03; memory F +1, B -0.63, W -0.37;
+* heterogeneous: the same, with the first stage x1.2 (embedding), the last stage
+  F x1.5, B x2, W x1.5 (vocabulary projection and loss), and the middle stage x1.25
+  (one extra layer);
+
+two placements: linear (one stage per device) and V (two half-size chunks per device,
+so device 0 holds both the embedding and the loss chunk); and three memory limits,
+in units of one microbatch's activations of a device's share of the model:
+p/2 (V-Min's level), p (1F1B, ZB-H1, ZB-V) and 2p (every schedule fits).
+
+Each case gets `--time-limit` seconds (60 by default). The default run takes a fixed
+sample of 12 cases (about 13 minutes); `--full` runs all 192. Results go to
+benchmarks/results/solver.json and solver.md.
+
+    python benchmarks/solver.py [--full] [--time-limit 60] [--only TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from optimizer.exact import SolveOptions, solve  # noqa: E402
+from optimizer.exact.incumbents import generator_candidates  # noqa: E402
+from optimizer.problem import Problem, placement_devices  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMM = 1.0, 1.0, 0.6, 0.03
+MEMORY = (1.0, -0.63, -0.37)
+
+
+@dataclass(frozen=True)
+class Case:
+    p: int
+    m: int
+    profile: str  # "uniform" | "hetero"
+    placement: str  # "linear" | "vshape"
+    limit_level: str  # "p/2" | "p" | "2p"
+
+    @property
+    def name(self) -> str:
+        return f"p{self.p}-m{self.m}-{self.profile}-{self.placement}-mem{self.limit_level}"
+
+    def limit(self) -> float:
+        return {"p/2": self.p / 2, "p": float(self.p), "2p": 2.0 * self.p}[self.limit_level]
+
+
+def layer_factors(num_stages: int, profile: str) -> list[tuple[float, float, float]]:
+    """Per model stage (in model order), multipliers of (F, B, W)."""
+    factors = [(1.0, 1.0, 1.0)] * num_stages
+    if profile == "hetero":
+        factors = list(factors)
+        factors[num_stages // 2] = (1.25, 1.25, 1.25)
+        factors[0] = (1.2, 1.2, 1.2)
+        factors[-1] = (1.5, 2.0, 1.5)
+    return factors
+
+
+def build_problem(case: Case) -> Problem:
+    devices = placement_devices(case.placement, case.p)
+    share = 1.0 / (len(devices) // case.p)  # a V chunk is half a device's share
+    stages = []
+    for device, (f, b, w) in zip(devices, layer_factors(len(devices), case.profile)):
+        stages.append(
+            {
+                "device": device,
+                "forward": round(FORWARD * f * share, 6),
+                "backward_input": round(BACKWARD_INPUT * b * share, 6),
+                "backward_weight": round(BACKWARD_WEIGHT * w * share, 6),
+                "memory": {
+                    "forward": MEMORY[0] * share,
+                    "backward_input": MEMORY[1] * share,
+                    "backward_weight": round(-(MEMORY[0] + MEMORY[1]) * share, 6),
+                },
+            }
+        )
+    return Problem.model_validate(
+        {"num_devices": case.p, "num_microbatches": case.m, "stages": stages, "comm_time": COMM, "memory_limit": case.limit()}
+    )
+
+
+def full_grid() -> list[Case]:
+    return [
+        Case(p, k * p, profile, placement, level)
+        for p in (4, 8, 16, 32)
+        for k in (2, 3, 4, 8)
+        for profile in ("uniform", "hetero")
+        for placement in ("linear", "vshape")
+        for level in ("p/2", "p", "2p")
+    ]
+
+
+SAMPLE = [
+    Case(4, 8, "uniform", "linear", "p/2"),
+    Case(4, 16, "hetero", "linear", "p"),
+    Case(4, 8, "hetero", "vshape", "p/2"),
+    Case(4, 16, "uniform", "vshape", "2p"),
+    Case(8, 16, "hetero", "linear", "p/2"),
+    Case(8, 32, "uniform", "vshape", "p"),
+    Case(8, 24, "hetero", "vshape", "p/2"),
+    Case(16, 32, "hetero", "linear", "p"),
+    Case(16, 64, "uniform", "vshape", "p/2"),
+    Case(32, 64, "hetero", "vshape", "p"),
+    Case(32, 256, "uniform", "linear", "2p"),
+    Case(32, 256, "hetero", "linear", "p"),
+]
+
+
+def run_case(case: Case, time_limit: float, seed: int) -> dict:
+    problem = build_problem(case)
+    generators, failed = generator_candidates(problem)
+    rows = {
+        c.name: {"makespan": c.schedule.makespan, "bubble": c.schedule.metrics.bubble_ratio, "fits": c.fits}
+        for c in generators
+    }
+    fitting = [c for c in generators if c.fits]
+    best = min(fitting, key=lambda c: c.schedule.makespan, default=None)
+    began = time.monotonic()
+    schedule = solve(problem, "auto", SolveOptions(time_limit=time_limit, seed=seed, threads=2))
+    seconds = time.monotonic() - began
+    m = schedule.metrics
+    return {
+        "case": case.name,
+        "p": case.p,
+        "m": case.m,
+        "profile": case.profile,
+        "placement": case.placement,
+        "memory_limit": case.limit(),
+        "generators": rows,
+        "generator_errors": failed,
+        "best_generator": None if best is None else {"name": best.name, "makespan": best.schedule.makespan, "bubble": best.schedule.metrics.bubble_ratio},
+        "auto": {
+            "makespan": m.makespan,
+            "bubble": m.bubble_ratio,
+            "lower_bound": m.lower_bound,
+            "gap": m.gap,
+            "status": m.status,
+            "method_won": m.method_won,
+            "seconds": round(seconds, 2),
+            "peak_memory": max(m.peak_memory),
+        },
+    }
+
+
+def markdown(results: list[dict], time_limit: float) -> str:
+    lines = [
+        f"Time limit {time_limit:g} s per case on {platform.machine()} ({_cores()} cores). Bubble: Zero Bubble convention; "
+        "gap: (makespan - lower bound) / makespan; gain: auto's makespan below the best generator that fits the limit.",
+        "",
+        "| case | generators' bubble (✗ over the limit) | best fitting | auto bubble | gain | gap | status | s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        gens = ", ".join(f"{name} {row['bubble']:.1%}{'' if row['fits'] else ' ✗'}" for name, row in r["generators"].items())
+        best = r["best_generator"]
+        a = r["auto"]
+        best_text = "none fits" if best is None else f"{best['name']} {best['bubble']:.1%}"
+        gain = "-" if best is None else f"{(best['makespan'] - a['makespan']) / best['makespan']:.1%}"
+        lines.append(
+            f"| {r['case']} | {gens} | {best_text} | {a['bubble']:.1%} | {gain} | {a['gap']:.1%} | {a['status']} | {a['seconds']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="run the whole grid (192 cases) instead of the sample")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per case")
+    parser.add_argument("--only", default="", help="run only cases whose name contains this text")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=RESULTS / "solver.json")
+    args = parser.parse_args()
+
+    cases = [c for c in (full_grid() if args.full else SAMPLE) if args.only in c.name]
+    results = []
+    for case in cases:
+        result = run_case(case, args.time_limit, args.seed)
+        results.append(result)
+        a, best = result["auto"], result["best_generator"]
+        best_text = "none fits" if best is None else f"{best['name']} {best['makespan']:.4g}"
+        print(
+            f"{case.name:38s} best {best_text:22s} auto {a['makespan']:.4g} bound {a['lower_bound']:.4g} "
+            f"gap {a['gap']:.1%} {a['status']} ({a['method_won']}) {a['seconds']:.0f}s",
+            flush=True,
+        )
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"time_limit": args.time_limit, "full": args.full, "seed": args.seed, "results": results}
+    args.output.write_text(json.dumps(payload, indent=1) + "\n")
+    table = markdown(results, args.time_limit)
+    args.output.with_suffix(".md").write_text(table)
+    print()
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The solver API: `solve(problem, method, options, on_progress) -> Schedule`.
+
+method "auto" runs the portfolio (optimizer.exact.portfolio), "cpsat" and "milp" the
+whole model hinted with the best starting point. Every method returns the best schedule
+that fits the memory limit with lower_bound, gap, status ("optimal" when proven,
+"feasible" when an exact model took part, "heuristic" otherwise), method_won and
+solve_seconds. Ctrl-C (KeyboardInterrupt) ends the search and returns the best so far.
+"""
+
+from __future__ import annotations
+
+from optimizer.errors import InfeasibleError, InputError
+from optimizer.exact.bounds import lower_bound
+from optimizer.exact.canonical import canonical
+from optimizer.exact.errors import NoScheduleFoundError
+from optimizer.exact.incumbents import Candidate, closest
+from optimizer.exact.milp import solve_milp_subproblem
+from optimizer.exact.options import ProgressCallback, SolveOptions
+from optimizer.exact.portfolio import solve_auto, starting_points, whole_model
+from optimizer.exact.subproblem import full_subproblem
+from optimizer.exact.timescale import integer_tables, tick_problem
+from optimizer.exact.tracker import Tracker
+from optimizer.problem import Problem
+from optimizer.schedule import Schedule
+from optimizer.simulate import simulate, simulate_times
+
+METHODS = ("auto", "cpsat", "milp")
+
+
+def check_memory_feasible(problem: Problem) -> None:
+    """Raise InfeasibleError, naming the smallest limit that fits, when a device cannot hold one microbatch."""
+    needs = problem.min_memory_limit()
+    limits = problem.tables().limit
+    short = [d for d, (need, limit) in enumerate(zip(needs, limits)) if limit < need * (1 - 1e-9)]
+    if not short:
+        return
+    details = ", ".join(f"device {d} needs {needs[d]:.6g} > limit {limits[d]:.6g}" for d in short[:4])
+    more = f" and {len(short) - 4} more" if len(short) > 4 else ""
+    raise InfeasibleError(
+        f"memory_limit: no schedule fits ({details}{more}); the smallest limit that fits is {max(needs):.6g}"
+        + ("" if len(set(needs)) == 1 else " (per device: " + ", ".join(f"{v:.6g}" for v in needs) + ")")
+    )
+
+
+def solve(
+    problem: Problem,
+    method: str = "auto",
+    options: SolveOptions | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> Schedule:
+    """Solve `problem` within options.time_limit; see the module doc."""
+    options = options or SolveOptions()
+    if method not in METHODS:
+        raise InputError(f"method: '{method}' is not one of {', '.join(METHODS)}")
+    if options.objective not in ("makespan", "span"):
+        raise InputError(f"objective: '{options.objective}' is not one of makespan, span")
+    if options.time_limit <= 0:
+        raise InputError(f"time_limit: must be positive, got {options.time_limit:g}")
+    check_memory_feasible(problem)
+    tracker = Tracker(options.objective, options.time_limit, on_progress)
+    bound = lower_bound(problem, options.objective)
+    tracker.raise_bound(bound.value, bound.reason)
+    starts: list[Candidate] = []
+    try:
+        if method == "auto":
+            solve_auto(problem, options, tracker)
+        else:
+            starts = starting_points(problem, tracker)
+            if not tracker.closed():
+                if method == "cpsat":
+                    whole_model(problem, integer_tables(problem), options, tracker, max(0.1, tracker.left()))
+                else:
+                    _whole_milp(problem, options, tracker)
+    except KeyboardInterrupt:
+        if tracker.best is None:
+            raise
+    schedule = tracker.result(method)
+    if schedule is None:
+        near = closest(starts)
+        hint = f"; closest was {near.name}, {near.overshoot:.1%} over the limit" if near else ""
+        raise NoScheduleFoundError(f"no schedule within the memory limit found in {options.time_limit:g} s{hint}")
+    return schedule
+
+
+def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
+    tables = integer_tables(problem)
+    hint = None
+    if tracker.best is not None:
+        hint = simulate_times(tick_problem(problem, tables), canonical(tracker.best.order()))
+    sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
+    tracker.models_ran = True
+    result = solve_milp_subproblem(sub, time_limit=max(1.0, tracker.left()), solver=options.solver, threads=options.threads)
+    label = f"milp({options.solver})"
+    if result.starts is not None:
+        tracker.offer(simulate(problem, sub.orders_from_starts(result.starts)), label)
+    tracker.raise_bound(result.bound / tables.time_scale, f"{label} proven bound")
+    if result.status == "optimal" and tables.exact_time and result.starts is not None:
+        tracker.proven = True
+    if result.interrupted:
+        raise KeyboardInterrupt

@@ -1,0 +1,174 @@
+"""Memory against speed: solve one problem under a sweep of memory limits.
+
+Each limit of A:B:STEP is solved with `auto` (the time limit applies per point); every
+known schedule is placed beside the curve at the peak memory it needs. Limits below
+what one microbatch needs are reported as infeasible points, not errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from pydantic import ValidationError
+
+from optimizer.errors import InfeasibleError, InputError, PipeschedError
+from optimizer.exact.api import solve
+from optimizer.exact.incumbents import generator_candidates
+from optimizer.exact.options import Progress, SolveOptions
+from optimizer.io import describe_validation_error
+from optimizer.problem import Problem
+
+
+@dataclass
+class ParetoPoint:
+    limit: float
+    feasible: bool
+    makespan: float | None = None
+    bubble: float | None = None
+    bound: float | None = None
+    gap: float | None = None
+    status: str | None = None
+    method_won: str | None = None
+    peak_memory: float | None = None
+    note: str | None = None
+
+
+@dataclass
+class GeneratorPoint:
+    name: str
+    peak_memory: float
+    makespan: float
+    bubble: float
+
+
+@dataclass
+class ParetoCurve:
+    points: list[ParetoPoint]
+    generators: list[GeneratorPoint]
+    time_limit: float
+    problem: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "format": "pipesched.pareto",
+            "version": 1,
+            "time_limit_per_point": self.time_limit,
+            "points": [asdict(p) for p in self.points],
+            "generators": [asdict(g) for g in self.generators],
+            "problem": self.problem,
+        }
+
+
+def parse_limits(text: str) -> list[float]:
+    """"A:B:STEP" -> [A, A+STEP, ..., <= B]; a single number is one limit."""
+    parts = text.split(":")
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        raise InputError(f"limits: '{text}' is not A:B:STEP with numbers") from None
+    if len(values) == 1:
+        start = stop = values[0]
+        step = 1.0
+    elif len(values) == 3:
+        start, stop, step = values
+    else:
+        raise InputError(f"limits: '{text}' is not A:B:STEP")
+    if start <= 0 or step <= 0 or stop < start:
+        raise InputError(f"limits: '{text}' needs 0 < A <= B and STEP > 0")
+    count = int((stop - start) / step + 1e-9) + 1
+    if count > 1000:
+        raise InputError(f"limits: '{text}' gives {count} limits; use a larger STEP")
+    return [round(start + k * step, 12) for k in range(count)]
+
+
+def _with_limit(problem: Problem, limit: float) -> Problem:
+    data = problem.model_dump(mode="json")
+    data["memory_limit"] = limit
+    try:
+        return Problem.model_validate(data)
+    except ValidationError as error:  # the limit is below one forward of some stage
+        raise InfeasibleError(describe_validation_error(error)) from None
+
+
+def pareto(
+    problem: Problem,
+    limits: Sequence[float] | str,
+    options: SolveOptions | None = None,
+    on_point: Callable[[ParetoPoint], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> ParetoCurve:
+    """Solve `problem` under every limit; see the module doc."""
+    options = options or SolveOptions(time_limit=10.0)
+    values = parse_limits(limits) if isinstance(limits, str) else list(limits)
+    unlimited = Problem.model_validate({**problem.model_dump(mode="json"), "memory_limit": None})
+    found, _ = generator_candidates(unlimited)
+    generators = [
+        GeneratorPoint(c.name, max(c.schedule.metrics.peak_memory), c.schedule.makespan, c.schedule.metrics.bubble_ratio)
+        for c in found
+    ]
+    points = []
+    for limit in values:
+        try:
+            schedule = solve(_with_limit(problem, limit), "auto", options, on_progress)
+        except PipeschedError as error:
+            point = ParetoPoint(limit, False, note=str(error))
+        else:
+            m = schedule.metrics
+            point = ParetoPoint(
+                limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory)
+            )
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
+    return ParetoCurve(points, generators, options.time_limit, unlimited.model_dump(mode="json"))
+
+
+def plot_pareto(curve: ParetoCurve, path: str | Path) -> None:
+    """An SVG with two panels: bubble and makespan against memory, solver curve and known schedules."""
+    from io import StringIO
+
+    import matplotlib.pyplot as plt
+
+    from optimizer.io import write_text_atomic
+
+    figure = pareto_figure(curve)
+    buffer = StringIO()
+    figure.savefig(buffer, format="svg")
+    plt.close(figure)
+    write_text_atomic(path, buffer.getvalue())
+
+
+def pareto_figure(curve: ParetoCurve):
+    """The matplotlib figure of `plot_pareto` (Agg backend, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    solved = [p for p in curve.points if p.feasible]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for axis, metric, label in ((left, "bubble", "bubble rate"), (right, "makespan", "makespan")):
+        if solved:
+            axis.step(
+                [p.limit for p in solved], [getattr(p, metric) for p in solved], where="post", marker="o", color="tab:blue", label="pipesched auto"
+            )
+        if metric == "makespan" and solved:
+            axis.plot([p.limit for p in solved], [p.bound for p in solved], ls="--", color="tab:gray", label="lower bound")
+        for g in curve.generators:
+            axis.scatter([g.peak_memory], [getattr(g, metric)], marker="s", color="tab:orange", zorder=3)
+            axis.annotate(g.name, (g.peak_memory, getattr(g, metric)), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        infeasible = [p.limit for p in curve.points if not p.feasible]
+        if infeasible:
+            first_fit = min((p.limit for p in solved if p.limit > max(infeasible)), default=max(infeasible))
+            axis.axvspan(min(infeasible), first_fit, color="tab:red", alpha=0.08, label="no schedule fits")
+        axis.set_xlabel("memory limit / peak memory")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+    if left.get_legend_handles_labels()[0]:
+        left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    figure.suptitle(f"Memory against speed ({curve.time_limit:g} s per point); squares: known schedules at their peak memory")
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,104 @@
+"""The `auto` method: known schedules first, then exact models and window search.
+
+1. Every applicable generator and a few list-scheduler policies; the best one that fits
+   the memory limit is the incumbent (auto is never worse than it).
+2. Small problems (up to FULL_MODEL_OPS ops): a short window search to sharpen the
+   incumbent, then the whole CP-SAT model hinted with it, which can prove optimality.
+3. Larger problems: window search (optimizer.exact.neighbourhood) until the time limit
+   or the lower bound is reached.
+"""
+
+from __future__ import annotations
+
+import time
+
+from optimizer.exact.canonical import canonical
+from optimizer.exact.cpsat import solve_cpsat_subproblem
+from optimizer.exact.incumbents import Candidate, candidate, generator_candidates
+from optimizer.exact.listsched import list_schedule, policies
+from optimizer.exact.neighbourhood import neighbourhood_search
+from optimizer.exact.options import SolveOptions
+from optimizer.exact.subproblem import full_subproblem
+from optimizer.exact.timescale import IntegerTables, integer_tables, tick_problem
+from optimizer.exact.tracker import Tracker
+from optimizer.problem import Problem
+from optimizer.simulate import simulate, simulate_times
+
+# Up to this many ops the whole model is worth running: CP-SAT proves p=4, m=16
+# (192 ops) optimal in seconds when hinted, and stalls far beyond ~1000.
+FULL_MODEL_OPS = 600
+# Share of the time the window search gets before the whole model on small problems.
+WINDOW_SHARE_SMALL = 0.25
+
+
+def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
+    """Offer every generator and list-scheduler policy to the tracker; return them all."""
+    found, _ = generator_candidates(problem)
+    for c in found:
+        tracker.offer(c.schedule, c.name)
+    for policy in policies():
+        if tracker.left() <= 0 and tracker.best is not None:
+            break
+        orders = list_schedule(problem, policy)
+        if orders is not None:
+            c = candidate(problem, str(policy), orders)
+            found.append(c)
+            tracker.offer(c.schedule, c.name)
+    return found
+
+
+def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, time_limit: float) -> None:
+    """The whole CP-SAT model hinted with the incumbent; offers its solution, raises the bound."""
+    hint = None
+    if tracker.best is not None:
+        hint = simulate_times(tick_problem(problem, tables), canonical(tracker.best.order()))
+    sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
+    scale = tables.time_scale
+    tracker.models_ran = True
+
+    def on_solution(value: int, bound: int) -> None:
+        tracker.report("cpsat", incumbent=value / scale)
+
+    result = solve_cpsat_subproblem(
+        sub, time_limit=time_limit, seed=options.seed, threads=options.threads, objective=options.objective, on_solution=on_solution
+    )
+    if result.starts is not None:
+        tracker.offer(simulate(problem, sub.orders_from_starts(result.starts)), "cpsat")
+    # The model's bound is on the rounded-down problem, hence valid in real units (timescale).
+    slack = 0 if tables.exact_time or options.objective == "makespan" else 1
+    tracker.raise_bound((result.bound - slack) / scale, "CP-SAT's proven bound")
+    if result.status == "optimal" and tables.exact_time and result.starts is not None:
+        tracker.proven = True
+    if result.interrupted:
+        raise KeyboardInterrupt
+
+
+def window_search(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
+    start = tracker.best
+    origin = tracker.best_by
+    tracker.models_ran = True
+    neighbourhood_search(
+        problem,
+        tables,
+        canonical(start.order()),
+        deadline=until,
+        seed=options.seed,
+        threads=options.threads,
+        objective=options.objective,
+        target=tracker.bound,
+        on_improve=lambda schedule: tracker.offer(schedule, f"lns({origin})"),
+    )
+
+
+def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
+    starting_points(problem, tracker)
+    if tracker.best is None or tracker.closed() or tracker.left() <= 0:
+        return
+    tables = integer_tables(problem)
+    ops = 3 * problem.num_stages * problem.num_microbatches
+    if ops <= FULL_MODEL_OPS:
+        window_search(problem, tables, options, tracker, time.monotonic() + WINDOW_SHARE_SMALL * tracker.left())
+        if not tracker.closed() and tracker.left() > 0:
+            whole_model(problem, tables, options, tracker, tracker.left())
+    else:
+        window_search(problem, tables, options, tracker, tracker.deadline)

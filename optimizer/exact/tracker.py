@@ -1,0 +1,84 @@
+"""The best schedule so far, the best bound so far, and the progress reports they make.
+
+Every phase of a solve offers what it finds here; the tracker keeps the best that fits
+the memory limit, and turns it into the final Schedule with bound, gap and status.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from optimizer.exact.incumbents import objective_value
+from optimizer.exact.options import Progress, ProgressCallback
+from optimizer.schedule import Schedule
+
+# Two makespans closer than this (relative) are the same: they come from float sums.
+SAME = 1e-9
+
+
+@dataclass
+class Tracker:
+    objective: str
+    time_limit: float
+    on_progress: ProgressCallback | None = None
+    began: float = field(default_factory=time.monotonic)
+    best: Schedule | None = None
+    best_value: float = float("inf")
+    best_by: str | None = None
+    bound: float = 0.0
+    bound_reason: str = ""
+    proven: bool = False  # a model proved the incumbent optimal
+    models_ran: bool = False  # an exact model (whole or window) took part
+
+    @property
+    def deadline(self) -> float:
+        return self.began + self.time_limit
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
+
+    def offer(self, schedule: Schedule, by: str) -> bool:
+        """Keep `schedule` if it fits and is better; report progress when it is."""
+        if not schedule.fits_memory():
+            return False
+        value = objective_value(schedule, self.objective)
+        if value >= self.best_value * (1 - SAME):
+            return False
+        self.best, self.best_value, self.best_by = schedule, value, by
+        self.report(by)
+        return True
+
+    def raise_bound(self, value: float, reason: str) -> None:
+        if value > self.bound * (1 + SAME):
+            self.bound, self.bound_reason = value, reason
+            self.report(reason)
+
+    def report(self, phase: str, incumbent: float | None = None) -> None:
+        if self.on_progress is None:
+            return
+        shown = self.best_value if self.best is not None else None
+        if incumbent is not None and (shown is None or incumbent < shown):
+            shown = incumbent
+        self.on_progress(Progress(self.elapsed(), shown, min(self.bound, shown) if shown else self.bound, phase))
+
+    def closed(self) -> bool:
+        return self.proven or (self.best is not None and self.best_value <= self.bound * (1 + SAME))
+
+    def result(self, method: str) -> Schedule | None:
+        """The best schedule with its metrics filled in, named after the requested method."""
+        if self.best is None:
+            return None
+        schedule = Schedule(self.best.problem, method, self.best.devices)
+        closed = self.closed()
+        bound = self.best_value if closed else min(self.bound, self.best_value)
+        metrics = schedule.metrics
+        metrics.lower_bound = bound
+        metrics.gap = 0.0 if closed or self.best_value <= 0 else (self.best_value - bound) / self.best_value
+        metrics.status = "optimal" if closed else ("feasible" if self.models_ran else "heuristic")
+        metrics.method_won = self.best_by
+        metrics.solve_seconds = round(self.elapsed(), 3)
+        return schedule
