@@ -63,6 +63,10 @@ class Knobs:
         policy.
     hold_forward: leave the device idle rather than start an F that would still be
         running when a known B arrives.
+    reserve: admit a new microbatch to a device (its first F there) only if every
+        microbatch live there keeps room for its next forward; keeps devices with
+        several stages from filling up with first-stage forwards while older
+        microbatches wait for their later stages (V-Min's point: short lifespans).
     throttle: stage s keeps at most S-s microbatches in flight (F's done minus B's
         done), 1F1B's warm-up profile (p-r on device r of a linear pipeline), so that
         no device runs ahead of its upstream neighbour; otherwise every stage warms up
@@ -73,15 +77,17 @@ class Knobs:
     fill_w: str = "always"
     hold_forward: bool = False
     throttle: bool = True
+    reserve: bool = False
 
 
 # A covering subset of the full product (4 x 4 x 2 x 2): on 120 random problems
-# (linear, V, interleaved, custom; no, tight and 1F1B-sized memory) the first eight
-# reach the full grid's best makespan to within 0.3%; the last is ZB-H1's own rule
-# set (1F1B alternation and warm-up, r W's kept on device r), which keeps the result
-# at least as good as ZB-H1 on linear pipelines with ZB-H1's memory.
+# (linear, V, interleaved, custom; no, tight and 1F1B-sized memory) these reach the
+# full grid's best makespan to within 0.3%. The second is ZB-H1's own rule set (1F1B
+# alternation and warm-up, r W's kept on device r), which keeps the result at least as
+# good as ZB-H1 on linear pipelines with ZB-H1's memory.
 GRID = (
     Knobs("backward", "fit-defer", hold_forward=False, throttle=False),
+    Knobs("strict", "fit-defer", hold_forward=False, throttle=True),
     Knobs("alternate", "fit-defer", hold_forward=False, throttle=True),
     Knobs("strict", "fit-defer", hold_forward=False, throttle=False),
     Knobs("strict", "fit", hold_forward=True, throttle=True),
@@ -89,20 +95,48 @@ GRID = (
     Knobs("forward", "always", hold_forward=False, throttle=False),
     Knobs("strict", "always", hold_forward=True, throttle=False),
     Knobs("forward", "fit", hold_forward=False, throttle=True),
-    Knobs("strict", "fit-defer", hold_forward=False, throttle=True),
 )
 
 
+# Extra settings for devices holding several stages (V, interleaved, custom).
+MULTI_STAGE_GRID = tuple(
+    Knobs(priority, fill_w, hold_forward=False, throttle=False, reserve=True)
+    for priority in ("backward", "strict")
+    for fill_w in ("always", "fit-defer")
+)
+
+
+# Above this many ops, only the first settings run (they win most often), so that
+# p=32, m=256 stays within a few seconds on any placement.
+_FULL_GRID_OPS = 30_000
+
+
 def knob_grid(problem: Problem) -> tuple[Knobs, ...]:
-    return GRID
+    if problem.num_stages > problem.num_devices:
+        grid = MULTI_STAGE_GRID + GRID  # usually best there: run first for a tight cutoff
+    else:
+        grid = GRID
+    ops = 3 * problem.num_stages * problem.num_microbatches
+    if ops <= _FULL_GRID_OPS:
+        return grid
+    return grid[: max(len(MULTI_STAGE_GRID), len(grid) * _FULL_GRID_OPS // ops)]
+
+
+def least_memory(problem: Problem) -> list[float]:
+    """Per device, the peak of one microbatch run alone: the least limit any schedule needs.
+
+    Equal to `Problem.min_memory_limit()` when B's free memory; higher when a B allocates
+    (its memory is held until its W).
+    """
+    tables = problem.tables()
+    floor = problem.min_memory_limit()
+    return [max(floor[d], _trajectory_peaks(tables, problem.stages_on(d))[0]) for d in range(problem.num_devices)]
 
 
 def check_memory_feasible(problem: Problem) -> None:
     """Raise InfeasibleError naming the first device whose limit cannot hold one microbatch."""
     tables = problem.tables()
-    floor = problem.min_memory_limit()
-    for d in range(problem.num_devices):
-        need = max(floor[d], _trajectory_peaks(tables, problem.stages_on(d))[0])
+    for d, need in enumerate(least_memory(problem)):
         limit = tables.limit[d]
         if limit < need - _REL_TOLERANCE * max(1.0, need):
             raise InfeasibleError(
@@ -159,6 +193,16 @@ class _DeviceMemory:
     def future(self, mb: int) -> float:
         w_sum, w_alloc, _ = self.pending.get(mb, (0.0, 0.0, 0))
         return max(w_alloc, w_sum + self.peaks[self.steps.get(mb, 0)])
+
+    def admits(self, forwards: list[float]) -> bool:
+        """Could a new microbatch join while every live one keeps room for its next forward?
+
+        `forwards` are the device's F allocations in stage order."""
+        if not self.tracking:
+            return True
+        steps = len(forwards)
+        committed = self.used + sum(forwards[self.steps[j]] for j in self.live if self.steps[j] < steps)
+        return committed + forwards[0] <= self.limit
 
     def pending_count(self, mb: int) -> int:
         return self.pending.get(mb, (0.0, 0.0, 0))[2]
@@ -219,11 +263,21 @@ class _DeviceMemory:
             self.live.remove(mb)
 
 
-class _ListScheduler:
-    """One run of the event-driven list scheduler for one setting of the knobs."""
+class _Abandoned(Exception):
+    """A run that can no longer beat the cutoff it was given."""
 
-    def __init__(self, problem: Problem, knobs: Knobs):
+
+class _ListScheduler:
+    """One run of the event-driven list scheduler for one setting of the knobs.
+
+    With a `cutoff`, the run stops (raising _Abandoned) once some device's finish time,
+    or the current time for an idle device, plus its remaining work exceeds it: that
+    run cannot end sooner.
+    """
+
+    def __init__(self, problem: Problem, knobs: Knobs, cutoff: float = math.inf):
         self.knobs = knobs
+        self.cutoff = cutoff
         self.tables = t = problem.tables()
         self.p, self.m, self.n = problem.num_devices, problem.num_microbatches, problem.num_stages
         self.comm = problem.comm_time
@@ -247,9 +301,14 @@ class _ListScheduler:
         self.weights: list[deque[tuple[int, int]]] = [deque() for _ in range(self.p)]
         self.free_at = [0.0] * self.p
         self.w_quota = [min(self.stages_on[d]) for d in range(self.p)]
+        self.forward_alloc = [[t.mem_forward[s] for s in self.stages_on[d]] for d in range(self.p)]
         self.last_kind = ["B"] * self.p  # F or B, for the "alternate" priority
         self.orders: Orders = [[] for _ in range(self.p)]
         self.remaining = 3 * self.n * self.m
+        self.work_left = [
+            self.m * sum(t.forward[s] + t.backward_input[s] + t.backward_weight[s] for s in self.stages_on[d])
+            for d in range(self.p)
+        ]
         self.wakes: list[tuple[float, int]] = [(0.0, d) for d in range(self.p)]
         self.relaxed = False  # set if the heuristics ever idled every device (a safety net)
         self.makespan = 0.0
@@ -267,6 +326,8 @@ class _ListScheduler:
             time, d = heapq.heappop(self.wakes)
             if self.free_at[d] > time:
                 continue
+            if time + self.work_left[d] > self.cutoff:
+                raise _Abandoned
             op = self._choose(d, time)
             if op is not None:
                 self._commit(d, op, time)
@@ -293,6 +354,9 @@ class _ListScheduler:
         else:
             end = start + t.backward_weight[s]
             memory.apply_weight(i, t.mem_backward_weight[s])
+        self.work_left[d] -= end - start
+        if end + self.work_left[d] > self.cutoff:
+            raise _Abandoned
         self.orders[d].append(op)
         if op.kind != "W":
             self.last_kind[d] = op.kind
@@ -374,6 +438,9 @@ class _ListScheduler:
                     return None, False
         blocked = False
         for s, i in ready:
+            if knobs.reserve and i not in memory.held and not memory.admits(self.forward_alloc[d]):
+                blocked = True
+                continue
             if memory.allows_forward(i, t.mem_forward[s]):
                 return Op("F", s, i), False
             blocked = True
@@ -426,13 +493,19 @@ def schedule_with(problem: Problem, knobs: Knobs) -> tuple[Orders, float]:
 
 def greedy(problem: Problem) -> Orders:
     check_memory_feasible(problem)
-    best: tuple[float, Orders] | None = None
+    best_orders: Orders | None = None
+    best = math.inf
     for knobs in knob_grid(problem):
-        orders, makespan = schedule_with(problem, knobs)
-        if best is None or makespan < best[0] - 1e-12:
-            best = (makespan, orders)
-    assert best is not None
-    return best[1]
+        # A run that cannot beat the best so far by a relative 1e-12 stops early.
+        scheduler = _ListScheduler(problem, knobs, cutoff=best * (1 - 1e-12))
+        try:
+            orders = scheduler.run()
+        except _Abandoned:
+            continue
+        if scheduler.makespan < best:
+            best, best_orders = scheduler.makespan, orders
+    assert best_orders is not None
+    return best_orders
 
 
 GENERATOR = Generator(

@@ -1,0 +1,251 @@
+"""The schedule families against their published closed forms, and their validity.
+
+Conventions: F = B = W = 1 and comm 0 unless a test says otherwise. On the linear
+placement a stage's F allocates 1 and its W frees 1 (B frees nothing), so peaks count
+microbatch activations. On vshape and interleaved:V each chunk allocates 1/V of that
+(0.5 on vshape), so peaks again count whole microbatch activations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from optimizer.errors import InputError
+from optimizer.problem import Problem, placement_devices, uniform_problem
+from optimizer.schedules import GENERATORS, generate
+from optimizer.simulate import simulate
+from optimizer.validate import validate
+
+EXACT = 1e-9  # closed forms are sums of a few hundred exact binary fractions
+
+
+def run(name: str, problem: Problem):
+    schedule = generate(problem, name)
+    assert validate(problem, schedule.devices) == []
+    return schedule
+
+
+def longest_span(schedule) -> tuple[float, float]:
+    """(span, idle time) of the device with the longest span: the bubble convention."""
+    best = (0.0, 0.0)
+    for ops in schedule.devices:
+        span = max(o.end for o in ops) - min(o.start for o in ops)
+        if span > best[0]:
+            best = (span, span - sum(o.end - o.start for o in ops))
+    return best
+
+
+# -- GPipe and 1F1B ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 5), (4, 4), (4, 9), (8, 16)])
+def test_gpipe_and_1f1b_bubble_rate_and_peaks(p, m):
+    problem = uniform_problem(p, m)
+    gpipe, one_f_one_b = run("gpipe", problem), run("1f1b", problem)
+    rate = (p - 1) / (m + p - 1)
+    assert gpipe.metrics.bubble_ratio == pytest.approx(rate, abs=EXACT)
+    assert one_f_one_b.metrics.bubble_ratio == pytest.approx(rate, abs=EXACT)
+    assert max(gpipe.metrics.peak_memory) == m
+    assert max(one_f_one_b.metrics.peak_memory) == min(p, m)
+
+
+# -- ZB-H1 and ZB-H2 --------------------------------------------------------------------
+
+# ZB-H1's bubble (p-1)(F+B-W) holds exactly when W <= F and W <= B (comm 0, any m):
+# the deferred W's then always fit in the waits they are meant to fill.
+UNEQUAL = [(1.2, 1.0, 0.7), (1.0, 1.5, 0.5), (2.0, 1.1, 1.1), (1.0, 1.0, 1.0)]
+
+
+@pytest.mark.parametrize("f,b,w", UNEQUAL)
+@pytest.mark.parametrize("p,m", [(2, 3), (3, 8), (4, 4), (4, 12), (8, 16)])
+def test_zb_h1_bubble_time_and_peak(p, m, f, b, w):
+    problem = uniform_problem(p, m, f, b, w)
+    schedule = run("zb-h1", problem)
+    assert schedule.makespan - m * (f + b + w) == pytest.approx((p - 1) * (f + b - w), abs=EXACT)
+    assert max(schedule.metrics.peak_memory) == min(p, m)
+
+
+@pytest.mark.parametrize("f,b,w", [(1.0, 0.5, 1.0), (0.5, 1.0, 1.0), (1.0, 1.0, 1.5)])
+def test_zb_h1_formula_needs_w_at_most_f_and_b(f, b, w):
+    p, m = 4, 8
+    schedule = run("zb-h1", uniform_problem(p, m, f, b, w))
+    assert schedule.makespan - m * (f + b + w) > (p - 1) * (f + b - w) + 0.1
+
+
+# ZB-H2's span formula holds when W <= F, W <= B and m >= 2p-1 (its warm-up fits), for
+# any comm c: each comm hop is paid twice per stage on the round trip.
+@pytest.mark.parametrize("f,b,w", UNEQUAL)
+@pytest.mark.parametrize("c", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("p,m", [(2, 3), (3, 5), (4, 7), (4, 16), (8, 24)])
+def test_zb_h2_span_and_peak(p, m, f, b, w, c):
+    problem = uniform_problem(p, m, f, b, w, comm_time=c)
+    schedule = run("zb-h2", problem)
+    span, _ = longest_span(schedule)
+    assert span - m * (f + b + w) == pytest.approx((p - 1) * (f + b + 2 * c - 2 * w), abs=EXACT)
+    assert max(schedule.metrics.peak_memory) == 2 * p - 1
+
+
+# -- V placement: ZB-V, V-Half, V-Min, DualPipeV ---------------------------------------
+
+
+def vshape(p: int, m: int, f: float = 1.0, b: float = 1.0, w: float = 1.0) -> Problem:
+    return uniform_problem(p, m, f, b, w, placement="vshape", mem_forward=0.5)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("extra", [0, 1, 5])
+def test_zb_v_zero_bubble_and_peak(p, extra):
+    # "Zero" is the bubble ratio of the longest-span device (device 0), exactly 0 once
+    # m >= 2p-1, the microbatches its warm-up needs; shorter devices idle only before
+    # their first op and after their last, outside their span.
+    m = 2 * p - 1 + extra
+    schedule = run("zb-v", vshape(p, m))
+    assert schedule.metrics.bubble_ratio == pytest.approx(0.0, abs=EXACT)
+    assert max(schedule.metrics.peak_memory) == p
+
+
+def test_zb_v_has_a_bubble_with_too_few_microbatches():
+    assert run("zb-v", vshape(4, 5)).metrics.bubble_ratio > 0.05
+
+
+PEAKS = {"v-half": lambda p: (p + 2) // 2, "v-min": lambda p: (p + 4) // 3}
+
+
+@pytest.mark.parametrize("name", ["v-half", "v-min"])
+@pytest.mark.parametrize("p", [4, 6, 8, 16])
+def test_controllable_memory_peaks(name, p):
+    schedule = run(name, vshape(p, 3 * p))
+    assert max(schedule.metrics.peak_memory) == PEAKS[name](p)
+
+
+@pytest.mark.parametrize("name,target", [("v-half", 1 / 2), ("v-min", 2 / 3)])
+@pytest.mark.parametrize("p", [4, 6, 8, 16])
+def test_controllable_memory_bubbles_against_1f1b(name, target, p):
+    """Bubble time relative to 1F1B's on the same work (each of the 2p chunks does half a
+    stage's work). The paper counts 6p-1-3M idle chunk slots at a peak of M chunk
+    activations; with the integer peaks above (M = 2*peak) that is within
+    5/(6(p-1)) of 1/2 (V-Half) and 2/3 (V-Min) of 1F1B's 3(p-1), and exactly 1/2 and 2/3
+    as p grows. The greedy squeeze may leave a few extra slots: none for V-Half, at most
+    4 for V-Min (4 at p=8, 1 at p=6)."""
+    m = 3 * p
+    one_f_one_b = run("1f1b", uniform_problem(p, m))
+    _, idle_1f1b = longest_span(one_f_one_b)
+    assert idle_1f1b == pytest.approx(3 * (p - 1), abs=EXACT)
+    schedule = run(name, vshape(p, m, 0.5, 0.5, 0.5))
+    _, idle = longest_span(schedule)
+    ratio = idle / idle_1f1b
+    assert abs(ratio - target) <= 5 / (6 * (p - 1))
+    slots = idle / 0.5
+    paper = 6 * p - 1 - 3 * 2 * PEAKS[name](p)
+    extra = 0 if name == "v-half" else 4
+    assert paper - EXACT <= slots <= paper + extra + EXACT
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("extra", [0, 3])
+def test_dualpipe_v_peak_and_bubble_at_equal_times(p, extra):
+    """DeepSeek's README: activation PP+1 and bubble (PP/2-1)(F&B+B-3W), PP = 2p stages.
+    Here F&B runs serialized (F then the fused BW), so F&B = F+B+W = 3 at F=B=W=1; at
+    equal times that gives p-1 over the 6m of busy time. Peak 2p+1 chunk activations."""
+    m = 2 * p + extra
+    schedule = run("dualpipe-v", vshape(p, m))
+    assert schedule.makespan - 6 * m == pytest.approx((p - 1) * (3 + 1 - 3), abs=EXACT)
+    assert max(schedule.metrics.peak_memory) == pytest.approx((2 * p + 1) * 0.5)
+
+
+def test_dualpipe_v_refuses_too_few_microbatches():
+    with pytest.raises(InputError, match="at least 2p = 8 microbatches"):
+        generate(vshape(4, 7), "dualpipe-v")
+
+
+# -- Interleaved 1F1B -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("v", [2, 3, 4])
+@pytest.mark.parametrize("p,groups", [(2, 1), (2, 4), (4, 1), (4, 3), (8, 2)])
+def test_interleaved_bubble_of_ideal_time(p, groups, v):
+    m = p * groups
+    problem = uniform_problem(p, m, placement=f"interleaved:{v}", mem_forward=1 / v)
+    schedule = run("interleaved-1f1b", problem)
+    ideal = m * v * 3.0
+    assert (schedule.makespan - ideal) / ideal == pytest.approx((p - 1) / (v * m), abs=EXACT)
+    # p + (p-1)/V microbatches on device 0 once the steady state exists (m >= 2p).
+    expected_peak = p + (p - 1) / v if m >= 2 * p else p
+    assert max(schedule.metrics.peak_memory) == pytest.approx(expected_peak)
+
+
+def test_interleaved_refuses_m_not_multiple_of_p():
+    problem = uniform_problem(4, 6, placement="interleaved:2")
+    with pytest.raises(InputError, match="multiple of the device count"):
+        generate(problem, "interleaved-1f1b")
+
+
+@pytest.mark.parametrize(
+    "name,placement",
+    [("zb-v", "linear"), ("v-half", "interleaved:2"), ("zb-h1", "vshape"), ("interleaved-1f1b", "linear")],
+)
+def test_families_refuse_other_placements_with_a_reason(name, placement):
+    reason = GENERATORS[name].unsupported(uniform_problem(4, 8, placement=placement))
+    assert reason is not None and "\n" not in reason and "placement" in reason
+
+
+# -- Every family is valid on heterogeneous times ---------------------------------------
+
+PLACEMENT_OF = {
+    "gpipe": "linear",
+    "1f1b": "linear",
+    "zb-h1": "linear",
+    "zb-h2": "linear",
+    "interleaved-1f1b": "interleaved:2",
+    "zb-v": "vshape",
+    "v-half": "vshape",
+    "v-min": "vshape",
+    "dualpipe-v": "vshape",
+    "greedy": "interleaved:3",
+}
+
+
+def test_every_registered_family_is_covered():
+    assert set(PLACEMENT_OF) == set(GENERATORS)
+
+
+times = st.floats(min_value=0.1, max_value=3.0, allow_nan=False)
+
+
+@st.composite
+def heterogeneous(draw, placement: str) -> Problem:
+    p = draw(st.sampled_from([2, 3, 4, 8]))
+    m = p * draw(st.integers(1, 4)) if placement.startswith("interleaved") else draw(st.integers(1, 3 * p))
+    devices = placement_devices(placement, p)
+    stages = [
+        {
+            "device": d,
+            "forward": draw(times),
+            "backward_input": draw(times),
+            "backward_weight": draw(times),
+            "memory": {"forward": 1.0, "backward_input": -0.5, "backward_weight": -0.5},
+        }
+        for d in devices
+    ]
+    comm = draw(st.sampled_from([0.0, 0.05, 0.5]))
+    return Problem.model_validate({"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": comm})
+
+
+@pytest.mark.parametrize("name", sorted(PLACEMENT_OF))
+def test_family_orders_are_valid_on_random_times(name):
+    generator = GENERATORS[name]
+
+    @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+    @given(heterogeneous(PLACEMENT_OF[name]))
+    def check(problem):
+        if generator.unsupported(problem) is not None:
+            return
+        schedule = simulate(problem, generator.build(problem), method=name)
+        assert validate(problem, schedule.devices) == []
+        assert math.isfinite(schedule.makespan)
+
+    check()
