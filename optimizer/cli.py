@@ -116,21 +116,151 @@ def problem(
 @user_errors
 def solve(
     problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to solve."),
-    method: str = typer.Option("auto", help="A schedule family (see `compare`) or auto | cpsat | milp."),
+    method: str = typer.Option("auto", help="auto | cpsat | milp, or a schedule family (see `compare`)."),
     output: Path = typer.Option(..., "--output", "-o", help="Schedule JSON to write."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+    time_limit: float = typer.Option(60.0, "--time-limit", min=0.01, help="Seconds for the optimizer (auto, cpsat, milp)."),
+    objective: str = typer.Option("makespan", help="makespan | span (longest single-device span)."),
+    solver: str = typer.Option("cbc", help="MILP back end for --method milp: cbc, highs, or a PuLP solver name."),
+    seed: int = typer.Option(0, help="Random seed of the optimizer."),
+    threads: int = typer.Option(2, min=1, help="CP-SAT workers (fixed for repeatable runs)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress line on stderr."),
 ) -> None:
-    """Build a schedule for a problem with a schedule family or the optimizer."""
+    """Build a schedule with the optimizer (auto, cpsat, milp) or a schedule family.
+
+    The optimizer shows elapsed time, incumbent, bound and gap on stderr while it runs;
+    Ctrl-C stops it and writes the best schedule so far. Exit 3: no schedule can fit
+    the memory limit (the message says the smallest limit that fits).
+    """
     from optimizer.errors import InfeasibleError
-    from optimizer.schedules import generate
 
     loaded = load_problem(problem_file)
-    schedule = generate(loaded, method)
-    if not schedule.fits_memory():
-        over = _memory_overflow(schedule)
-        raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method greedy or auto")
+    if method in ("auto", "cpsat", "milp"):
+        schedule = _optimize(loaded, method, time_limit, objective, solver, seed, threads, quiet)
+    else:
+        from optimizer.schedules import generate
+
+        schedule = generate(loaded, method)
+        if not schedule.fits_memory():
+            over = _memory_overflow(schedule)
+            raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method greedy or auto")
     save_schedule(schedule, output)
     _print_metrics(schedule, as_json)
+
+
+def _optimize(problem: Problem, method: str, time_limit: float, objective: str, solver: str, seed: int, threads: int, quiet: bool) -> Schedule:
+    """Run optimizer.exact.solve with a live progress line; Ctrl-C keeps the best so far."""
+    from optimizer.exact import SolveOptions
+    from optimizer.exact import solve as exact_solve
+
+    options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)
+    with _ProgressLine(quiet) as progress:
+        try:
+            schedule = exact_solve(problem, method, options, on_progress=progress.update)
+        except KeyboardInterrupt:
+            print("interrupted before any schedule was found", file=sys.stderr)
+            raise typer.Exit(130) from None
+    if progress.interrupted:
+        print("interrupted: writing the best schedule found so far", file=sys.stderr)
+    return schedule
+
+
+class _ProgressLine:
+    """A live stderr line (rich) with elapsed time, incumbent, bound and gap; plain lines when not a terminal."""
+
+    def __init__(self, quiet: bool):
+        from rich.console import Console
+
+        self.quiet = quiet
+        self.console = Console(stderr=True, highlight=False)
+        self.last = None
+        self.interrupted = False
+        self.live = None
+        self.began = None
+        self.printed_at = -1.0
+
+    def __enter__(self) -> "_ProgressLine":
+        import time
+
+        from rich.live import Live
+
+        self.began = time.monotonic()
+        if not self.quiet and self.console.is_terminal:
+            self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def update(self, progress) -> None:
+        self.last = progress
+        if progress.phase == "interrupted":
+            self.interrupted = True
+        if not self.quiet and self.live is None and progress.elapsed - self.printed_at >= 1.0:
+            self.printed_at = progress.elapsed
+            print(self.text(), file=sys.stderr)
+
+    def text(self) -> str:
+        import time
+
+        p = self.last
+        elapsed = time.monotonic() - self.began if self.began is not None else 0.0
+        if p is None:
+            return f"{elapsed:6.1f}s  starting"
+        incumbent = "-" if p.incumbent is None else f"{p.incumbent:.6g}"
+        gap = "-" if p.gap is None else f"{p.gap:.2%}"
+        return f"{elapsed:6.1f}s  incumbent {incumbent}  bound {p.bound:.6g}  gap {gap}  ({p.phase})"
+
+    def render(self):
+        from rich.text import Text
+
+        return Text(self.text())
+
+
+@app.command()
+@user_errors
+def pareto(
+    problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to sweep (its memory limit is replaced)."),
+    limits: str = typer.Option(..., help="Memory limits A:B:STEP (same unit as the problem's memory)."),
+    time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="Seconds per limit."),
+    output: Path = typer.Option(..., "--output", "-o", help="Curve JSON to write."),
+    plot: Optional[Path] = typer.Option(None, help="Also draw the curve as SVG here."),
+    seed: int = typer.Option(0, help="Random seed of the optimizer."),
+    threads: int = typer.Option(2, min=1, help="CP-SAT workers."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print no table."),
+) -> None:
+    """Memory against speed: solve under each memory limit, beside the known schedules' peak memory."""
+    from optimizer.exact import SolveOptions, parse_limits, plot_pareto
+    from optimizer.exact import pareto as sweep
+
+    loaded = load_problem(problem_file)
+    values = parse_limits(limits)
+    err = Console(stderr=True, highlight=False)
+
+    def on_point(point) -> None:
+        if not quiet:
+            shown = f"makespan {point.makespan:.6g}, gap {point.gap:.2%}" if point.feasible else "no schedule fits"
+            err.print(f"limit {point.limit:g}: {shown}")
+
+    curve = sweep(loaded, values, SolveOptions(time_limit=time_limit, seed=seed, threads=threads), on_point=on_point)
+    write_json_atomic(output, curve.to_json())
+    if plot is not None:
+        plot_pareto(curve, plot)
+    if not quiet:
+        table = Table(title=f"memory against speed ({time_limit:g} s per limit)")
+        for column in ("memory limit", "makespan", "bubble", "lower bound", "gap", "status"):
+            table.add_column(column, justify="right")
+        for p in curve.points:
+            if p.feasible:
+                table.add_row(f"{p.limit:g}", f"{p.makespan:.6g}", f"{p.bubble:.2%}", f"{p.bound:.6g}", f"{p.gap:.2%}", p.status)
+            else:
+                table.add_row(f"{p.limit:g}", "-", "-", "-", "-", "infeasible")
+        stdout_console().print(table)
+        known = ", ".join(f"{g.name} (peak {g.peak_memory:.4g}, bubble {g.bubble:.1%})" for g in curve.generators)
+        print(f"known schedules: {known}")
+    print(f"wrote {output}" + (f" and {plot}" if plot else ""))
 
 
 def _memory_overflow(schedule: Schedule) -> str:

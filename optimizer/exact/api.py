@@ -74,6 +74,7 @@ def solve(
     except KeyboardInterrupt:
         if tracker.best is None:
             raise
+        tracker.report("interrupted")
     schedule = tracker.result(method)
     if schedule is None:
         near = closest(starts)

@@ -154,15 +154,28 @@ def solve_cpsat_subproblem(
 
 
 def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, reporter) -> tuple[int, bool]:
-    """Solve in a worker thread so that Ctrl-C reaches Python; on Ctrl-C stop the search."""
+    """Solve in a worker thread so that Ctrl-C reaches Python; on Ctrl-C stop the search.
+
+    Waiting uses an Event, not Thread.join: a join interrupted by KeyboardInterrupt can
+    report the thread finished while it still runs (CPython 3.11), and leaving the
+    process with CP-SAT still running aborts it.
+    """
     outcome: dict[str, int] = {}
-    worker = threading.Thread(target=lambda: outcome.setdefault("status", solver.solve(model, reporter)), daemon=True)
-    worker.start()
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            outcome["status"] = solver.solve(model, reporter)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, daemon=True).start()
     try:
-        while worker.is_alive():
-            worker.join(0.05)
+        while not done.wait(0.05):
+            pass
     except KeyboardInterrupt:
         solver.stop_search()
-        worker.join()
+        while not done.wait(0.05):
+            pass
         return outcome.get("status", cp_model.UNKNOWN), True
     return outcome["status"], False
