@@ -133,6 +133,82 @@ class _TorchPeer:
         return seconds
 
 
+def split_overhead(model_name: str, num_stages: int, microbatches: int, repeats: int = 30) -> list[dict]:
+    """Per stage, in this process with one thread: the fused backward (BW) against our
+    split (B, then W from the recorded frontier) and against the naive split (B with
+    the graph retained, W as a second autograd pass to the parameters)."""
+    import torch
+
+    from runtime.backward import SplitBackward, backward_fused, backward_weight
+    from runtime.models import load_model
+    from runtime.session import output_specs
+
+    torch.set_num_threads(1)
+    model = load_model(model_name, num_stages)
+    inputs, targets = model.make_batch(0, microbatches)
+    x0, target = inputs.chunk(microbatches)[0], targets.chunk(microbatches)[0]
+    specs = output_specs(model.stages, x0)
+    rows = []
+    for s, stage in enumerate(model.stages):
+        last = s == num_stages - 1
+        split = SplitBackward(list(stage.parameters()))
+        grad = None if last else torch.randn(specs[s].shape)
+
+        def forward():
+            x = x0 if s == 0 else torch.randn(specs[s - 1].shape).requires_grad_()
+            out = stage(x)
+            return x, (model.loss_fn(out, target) if last else out)
+
+        def fused(x, out):
+            backward_fused(out, grad, [x])
+
+        def ours(x, out):
+            start = time.perf_counter()
+            _, work = split.backward_input(out, grad, [x])
+            middle = time.perf_counter()
+            backward_weight(work)
+            return middle - start, time.perf_counter() - middle
+
+        def naive(x, out):
+            start = time.perf_counter()
+            if x.requires_grad:
+                torch.autograd.grad(out, [x], grad, retain_graph=True)
+            middle = time.perf_counter()
+            torch.autograd.grad(out, split.params, grad)
+            return middle - start, time.perf_counter() - middle
+
+        samples = {"fused": [], "B": [], "W": [], "naive B": [], "naive W": []}
+        for repeat in range(repeats + 3):
+            for name, fn in (("fused", fused), ("ours", ours), ("naive", naive)):
+                x, out = forward()
+                start = time.perf_counter()
+                parts = fn(x, out)
+                total = time.perf_counter() - start
+                stage.zero_grad(set_to_none=True)
+                if repeat < 3:
+                    continue
+                if name == "fused":
+                    samples["fused"].append(total)
+                else:
+                    prefix = "" if name == "ours" else "naive "
+                    samples[prefix + "B"].append(parts[0])
+                    samples[prefix + "W"].append(parts[1])
+        ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        rows.append(
+            {
+                "stage": s,
+                "fused_ms": ms["fused"],
+                "split_b_ms": ms["B"],
+                "split_w_ms": ms["W"],
+                "split_overhead": (ms["B"] + ms["W"]) / ms["fused"] - 1,
+                "naive_b_ms": ms["naive B"],
+                "naive_w_ms": ms["naive W"],
+                "naive_overhead": (ms["naive B"] + ms["naive W"]) / ms["fused"] - 1,
+            }
+        )
+    return rows
+
+
 def _median_ms(per_rank: list[list[float]]) -> float | None:
     """Median over steps of the slowest rank's time."""
     if not per_rank or not per_rank[0]:
@@ -206,6 +282,8 @@ def main() -> None:
             print(f"{family}: ours {ours:.1f} ms, predicted {predicted:.1f} ms, torch {peer or float('nan'):.1f} ms", file=sys.stderr)
 
     print_table(rows, args)
+    overhead = split_overhead(args.model, args.devices, args.microbatches)
+    print_overhead(overhead)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     setup = {
         "backend": args.backend,
@@ -219,7 +297,7 @@ def main() -> None:
         "torch": __import__("torch").__version__,
         "step_time": "median over steps of the slowest rank, barrier to last op and sends done; optimizer update excluded",
     }
-    args.output.write_text(json.dumps({"setup": setup, "rows": rows}, indent=1) + "\n")
+    args.output.write_text(json.dumps({"setup": setup, "rows": rows, "split_backward": overhead}, indent=1) + "\n")
     print(f"wrote {args.output}")
 
 
@@ -237,6 +315,17 @@ def print_table(rows: list[dict], args) -> None:
         print(
             f"| {r['schedule']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} | {r['predicted_error']:+.1%} "
             f"| {r['torch_class'] or '-'} | {torch_ms} | {ratio} |"
+        )
+
+
+def print_overhead(rows: list[dict]) -> None:
+    print("\nSplit backward cost, one microbatch, one thread (median ms)\n")
+    print("| stage | fused BW | B | W | B+W vs BW | naive B | naive W | naive vs BW |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['stage']} | {r['fused_ms']:.2f} | {r['split_b_ms']:.2f} | {r['split_w_ms']:.2f} | {r['split_overhead']:+.1%} "
+            f"| {r['naive_b_ms']:.2f} | {r['naive_w_ms']:.2f} | {r['naive_overhead']:+.1%} |"
         )
 
 

@@ -29,9 +29,11 @@ def _start_rank_server() -> None:
         rank_context()
 
 
-def _positive(value: float, name: str) -> None:
-    if not value > 0:
-        raise InputError(f"{name}: must be positive, got {value:g}")
+def _check_options(timeout: float, backend: str) -> None:
+    if not timeout > 0:
+        raise InputError(f"timeout: must be positive, got {timeout:g}")
+    if backend not in ("gloo", "nccl"):
+        raise InputError(f"backend: '{backend}' is not one of gloo, nccl")
 
 
 @app.command()
@@ -54,7 +56,7 @@ def run(
     from runtime.plan import build_plans
     from runtime.worker import CheckError, RunJob
 
-    _positive(timeout, "timeout")
+    _check_options(timeout, backend)
     schedule = load_schedule(schedule_file, check=False)
     world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else schedule.problem.num_devices
     build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank
@@ -114,7 +116,7 @@ def profile(
     from runtime.models import load_model
     from runtime.profile import ProfileJob
 
-    _positive(timeout, "timeout")
+    _check_options(timeout, backend)
     num_stages = len(placement_devices(placement, devices))
     if not output.parent.is_dir() and str(output.parent):
         raise InputError(f"{output}: folder {output.parent} does not exist")
@@ -129,25 +131,27 @@ def profile(
     if as_json:
         print(json.dumps(result["problem"]))
         return
-    _print_profile(result["problem"], output)
+    _print_profile(result["problem"], result["fused_backward_ms"], output)
 
 
-def _print_profile(problem: dict, output: Path) -> None:
+def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{output}: {problem['num_devices']} devices, {problem['num_microbatches']} microbatches, "
                   f"comm {problem['comm_time']:.3f} ms")
-    for column in ("stage", "device", "F ms", "B ms", "W ms", "F mem GiB", "B mem GiB", "W mem GiB"):
+    for column in ("stage", "device", "F ms", "B ms", "W ms", "BW ms", "F MiB", "B MiB", "W MiB"):
         table.add_column(column, justify="right")
     for s, stage in enumerate(problem["stages"]):
         mem = stage["memory"]
         table.add_row(
             str(s), str(stage["device"]),
             f"{stage['forward']:.3f}", f"{stage['backward_input']:.3f}", f"{stage['backward_weight']:.3f}",
-            f"{mem['forward']:.3g}", f"{mem['backward_input']:.3g}", f"{mem['backward_weight']:.3g}",
+            f"{fused_backward_ms[s]:.3f}",
+            *(f"{mem[kind] * 1024:.3g}" for kind in ("forward", "backward_input", "backward_weight")),
         )
     Console(highlight=False).print(table)
+    print("BW: the fused backward, measured for reference; the problem holds B and W. Memory: MiB here, GiB in the file.")
     print(f"wrote {output}")
 
 

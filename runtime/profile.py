@@ -5,7 +5,8 @@ from the last one each microbatch's B then W; valid for any placement) for a war
 step, `steps` timed steps and one step measuring memory, and takes per stage:
 
 - F, B, W times: the median over the measured steps and microbatches of each op's busy
-  time (its wall time minus time blocked on a receive), in milliseconds;
+  time (its wall time minus time blocked on a receive), in milliseconds; also the fused
+  backward BW, from a second pass in GPipe order, reported beside the problem;
 - memory changes: median bytes kept by F and by B (runtime/memory.py), W = -(F + B) so
   they sum to zero, in GiB;
 - comm_time: half the median round trip of one stage output between each pair of
@@ -47,16 +48,27 @@ class ProfileJob:
         return profile_rank(self, rank, world_size, device)
 
 
-def profiling_schedule(devices: int, microbatches: int, placement: str) -> Schedule:
-    """All forwards, then each stage's B and W per microbatch from the last stage back."""
+def profiling_schedule(devices: int, microbatches: int, placement: str, fused: bool = False) -> Schedule:
+    """All forwards, then each stage's B and W (or BW) per microbatch from the last stage back."""
     problem = uniform_problem(devices, microbatches, placement=placement)
+    backward = ("BW",) if fused else ("B", "W")
     orders = []
     for device in range(devices):
         stages = problem.stages_on(device)
         ops = [Op("F", s, i) for s in stages for i in range(microbatches)]
-        ops += [Op(kind, s, i) for s in reversed(stages) for i in range(microbatches) for kind in ("B", "W")]
+        ops += [Op(kind, s, i) for s in reversed(stages) for i in range(microbatches) for kind in backward]
         orders.append(ops)
     return simulate(problem, orders, method="profile")
+
+
+def _timed_steps(session, steps: int, first_step: int) -> dict[tuple[str, int], list[float]]:
+    busy: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for step in range(first_step, first_step + steps):
+        result = session.step(step, record=True)
+        session.update()
+        for timing in result.timings:
+            busy[(timing.op.kind, timing.op.stage)].append(timing.busy)
+    return busy
 
 
 def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.device) -> dict | None:
@@ -64,26 +76,49 @@ def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.devi
 
     schedule = profiling_schedule(job.devices, job.microbatches, job.placement)
     session = open_session(schedule, job.model, rank, world_size, device, job.timeout_s, measure_memory=True)
-    busy: dict[tuple[str, int], list[float]] = defaultdict(list)
-    # Step 0 warms up; the timed steps run without the memory meter's hooks; the last
-    # step measures memory.
-    for step in range(job.steps + 2):
-        measuring_memory = step == job.steps + 1
-        session.meter.enabled = measuring_memory
-        result = session.step(step, record=not measuring_memory)
-        session.update()
-        if 1 <= step <= job.steps:
-            for timing in result.timings:
-                busy[(timing.op.kind, timing.op.stage)].append(timing.busy)
+    # One warm-up step, the timed steps without the memory meter's hooks (they cost time
+    # in every F), then one step measuring memory.
+    session.meter.enabled = False
+    _timed_steps(session, 1, 0)
+    busy = _timed_steps(session, job.steps, 1)
+    session.meter.enabled = True
+    _timed_steps(session, 1, job.steps + 1)
     times = {key: statistics.median(values) * 1e3 for key, values in busy.items()}
     memory = {key: statistics.median(values) for key, values in session.meter.samples.items()}
     round_trips = _ping_pong(session, device)
+
+    # The fused backward (BW) is cheaper than B + W; the problem has no field for it, so
+    # it is reported beside the problem (the executor benchmark predicts BW schedules
+    # with it).
+    fused = open_session(
+        profiling_schedule(job.devices, job.microbatches, job.placement, fused=True),
+        job.model, rank, world_size, device, job.timeout_s,
+    )
+    _timed_steps(fused, 1, 0)
+    fused_busy = _timed_steps(fused, job.steps, 1)
+    times.update({key: statistics.median(values) * 1e3 for key, values in fused_busy.items()})
 
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, (times, memory, round_trips))
     if rank != 0:
         return None
-    return {"problem": assemble_problem(job, gathered).model_dump(mode="json"), "steps": job.steps}
+    problem = assemble_problem(job, gathered)
+    fused_ms = {}
+    for rank_times, _, _ in gathered:
+        fused_ms.update({stage: ms for (kind, stage), ms in rank_times.items() if kind == "BW"})
+    return {
+        "problem": problem.model_dump(mode="json"),
+        "fused_backward_ms": [fused_ms[s] for s in range(problem.num_stages)],
+        "steps": job.steps,
+    }
+
+
+def with_fused_backward(problem: Problem, fused_backward_ms: list[float]) -> Problem:
+    """The problem with W set to (measured BW - B), so that a BW op lasts as measured."""
+    data = problem.model_dump(mode="json")
+    for stage, bw in zip(data["stages"], fused_backward_ms):
+        stage["backward_weight"] = max(bw - stage["backward_input"], _MIN_MS)
+    return Problem.model_validate(data)
 
 
 def _ping_pong(session, device: torch.device) -> list[float]:
