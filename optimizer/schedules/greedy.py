@@ -316,10 +316,14 @@ class _ListScheduler:
     # -- running ---------------------------------------------------------------------
 
     def run(self) -> Orders:
+        stalled_at = -1
         while self.remaining:
             if not self.wakes:
                 # Every device idles with nothing in flight: only a heuristic wait can
                 # cause that; drop the heuristics (memory safety alone always progresses).
+                if stalled_at == self.remaining:
+                    raise RuntimeError(f"greedy stalled with {self.remaining} ops left (memory invariant broken)")
+                stalled_at = self.remaining
                 self.relaxed = True
                 now = max(self.free_at)
                 self.wakes = [(now, d) for d in range(self.p)]
