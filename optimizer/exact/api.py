@@ -14,7 +14,7 @@ from optimizer.exact.bounds import lower_bound
 from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
 from optimizer.exact.incumbents import Candidate, closest
-from optimizer.exact.milp import solve_milp_subproblem
+from optimizer.exact.milp import make_solver, solve_milp_subproblem
 from optimizer.exact.options import ProgressCallback, SolveOptions
 from optimizer.exact.portfolio import solve_auto, starting_points, whole_model
 from optimizer.exact.subproblem import full_subproblem
@@ -56,6 +56,8 @@ def solve(
         raise InputError(f"objective: '{options.objective}' is not one of makespan, span")
     if options.time_limit <= 0:
         raise InputError(f"time_limit: must be positive, got {options.time_limit:g}")
+    if method == "milp":
+        make_solver(options.solver, options.time_limit, options.threads)  # an unknown name fails now, not later
     check_memory_feasible(problem)
     tracker = Tracker(options.objective, options.time_limit, on_progress)
     bound = lower_bound(problem, options.objective)
@@ -74,7 +76,10 @@ def solve(
     except KeyboardInterrupt:
         if tracker.best is None:
             raise
-        tracker.report("interrupted")
+        try:
+            tracker.report("interrupted")
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C while reporting: the best is still returned
     schedule = tracker.result(method)
     if schedule is None:
         near = closest(starts)

@@ -7,6 +7,8 @@ error message.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,14 +43,39 @@ def candidate(problem: Problem, name: str, orders: Sequence[Sequence[Op]]) -> Ca
     return Candidate(name, schedule, overshoot(schedule))
 
 
-def generator_candidates(problem: Problem) -> tuple[list[Candidate], dict[str, str]]:
-    """Every applicable generator's schedule, canonical and timed; plus the ones that failed and why."""
+def generator_candidates(problem: Problem, deadline: float | None = None) -> tuple[list[Candidate], dict[str, str]]:
+    """Every applicable generator's schedule, canonical and timed; plus the ones that failed and why.
+
+    With a `deadline` (time.monotonic()), a generator still running then is given up
+    (its thread is left to finish on its own) so that the solver keeps its time limit.
+    """
     found, failed = [], {}
     for generator in applicable(problem):
-        try:
-            found.append(candidate(problem, generator.name, generator.build(problem)))
-        except Exception as error:  # a broken family must not stop the solver; it is reported
-            failed[generator.name] = f"{error.__class__.__name__}: {error}"
+        outcome: dict[str, object] = {}
+        done = threading.Event()
+
+        def build(generator=generator, outcome=outcome, done=done) -> None:
+            try:
+                outcome["orders"] = generator.build(problem)
+            except Exception as error:  # a broken family must not stop the solver; it is reported
+                outcome["error"] = f"{error.__class__.__name__}: {error}"
+            finally:
+                done.set()
+
+        if deadline is None:
+            build()
+        else:
+            threading.Thread(target=build, daemon=True).start()
+            done.wait(max(0.0, deadline - time.monotonic()))
+        if not done.is_set():
+            failed[generator.name] = "gave no schedule before the solver's time for known schedules ran out"
+        elif "error" in outcome:
+            failed[generator.name] = str(outcome["error"])
+        else:
+            try:
+                found.append(candidate(problem, generator.name, outcome["orders"]))
+            except Exception as error:  # e.g. an order that deadlocks
+                failed[generator.name] = f"{error.__class__.__name__}: {error}"
     return found, failed
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +82,10 @@ def make_solver(name: str, time_limit: float, threads: int):
     """A PuLP solver by our short name ("cbc", "highs") or PuLP's own name."""
     key = name.lower()
     if key == "cbc":
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=True, threads=threads)
+        # The CBC bundled with PuLP; PuLP 3 warns that this class will move in PuLP 4.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=True, threads=threads)
     if key == "highs":
         return _HIGHS_IN_ITS_OWN_PROCESS
     available = pulp.listSolvers(onlyAvailable=True)
@@ -110,16 +114,16 @@ def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "
     # --- variables --------------------------------------------------------------------
     model = pulp.LpProblem("pipeline_schedule", pulp.LpMinimize)
     start = [
-        pulp.LpVariable(f"start_{names[j]}", lowBound=sub.release[j], upBound=max(sub.release[j], horizon - sub.duration[j] - sub.tail[j]))
+        model.add_variable(f"start_{names[j]}", lowBound=sub.release[j], upBound=max(sub.release[j], horizon - sub.duration[j] - sub.tail[j]))
         for j in range(n)
     ]
-    makespan = pulp.LpVariable("makespan", lowBound=sub.floor, upBound=horizon)
+    makespan = model.add_variable("makespan", lowBound=sub.floor, upBound=horizon)
     before: dict[tuple[int, int], pulp.LpVariable] = {}
     for d_ops in ops_on:
         for x, a in enumerate(d_ops):
             for b in d_ops[x + 1 :]:
                 if not precedes(a, b) and not precedes(b, a):
-                    before[(a, b)] = pulp.LpVariable(f"before_{names[a]}_{names[b]}", cat=pulp.LpBinary)
+                    before[(a, b)] = model.add_variable(f"before_{names[a]}_{names[b]}", 0, 1, pulp.LpBinary)
 
     def is_before(a: int, b: int):
         """1 when op a runs before op b on their device (a constant or an expression)."""

@@ -31,13 +31,22 @@ FULL_MODEL_OPS = 600
 WINDOW_SHARE_SMALL = 0.25
 
 
+# Share of the time limit the known schedules may take at most (they are usually far
+# quicker; the cap protects the time limit from a family that runs long).
+GENERATOR_SHARE = 0.4
+
+
 def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
-    """Offer every generator and list-scheduler policy to the tracker; return them all."""
-    found, _ = generator_candidates(problem)
+    """Offer every generator and list-scheduler policy to the tracker; return them all.
+
+    The first list-scheduler policy always runs, so there is a schedule that fits
+    whenever one exists, however short the time limit.
+    """
+    found, _ = generator_candidates(problem, deadline=tracker.began + GENERATOR_SHARE * tracker.time_limit)
     for c in found:
         tracker.offer(c.schedule, c.name)
-    for policy in policies():
-        if tracker.left() <= 0 and tracker.best is not None:
+    for k, policy in enumerate(policies()):
+        if k > 0 and tracker.left() <= 0:
             break
         orders = list_schedule(problem, policy)
         if orders is not None:

@@ -1,0 +1,280 @@
+"""The exact solvers: optimal on tiny problems (brute force), CP-SAT and MILP agree,
+auto never worse than the known schedules, infeasibility and time limits reported."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from exact_brute_force import brute_force_optimum
+from optimizer.errors import InfeasibleError, InputError
+from optimizer.exact import SolveOptions, solve
+from optimizer.exact.canonical import canonical
+from optimizer.exact.cpsat import solve_cpsat_subproblem
+from optimizer.exact.milp import solve_milp_subproblem
+from optimizer.exact.subproblem import full_subproblem
+from optimizer.exact.incumbents import generator_candidates
+from optimizer.exact.timescale import integer_tables
+from optimizer.problem import Problem, placement_devices, uniform_problem
+from optimizer.schedules import GENERATORS
+from optimizer.simulate import simulate
+from optimizer.validate import validate
+
+# Makespans are float sums; two equal optima may differ in the last bits.
+CLOSE = 1e-9
+
+
+def zb_problem(p: int, m: int, limit: float | None = None, placement: str = "linear", comm: float = 0.03) -> Problem:
+    """Zero Bubble paper's shape: F = B, W = 0.6 F, memory F +1, B -0.63, W -0.37."""
+    return uniform_problem(
+        p, m, 1.0, 1.0, 0.6, comm_time=comm, placement=placement, mem_forward=1.0, mem_backward_input=-0.63, memory_limit=limit
+    )
+
+
+def random_problem(seed: int, p: int, m: int, placement: str = "linear", limit: float | None = None) -> Problem:
+    rng = random.Random(seed)
+    stages = []
+    for device in placement_devices(placement, p):
+        kept = round(rng.uniform(0.2, 0.6), 2)
+        stages.append(
+            {
+                "device": device,
+                "forward": round(rng.uniform(0.5, 2.0), 2),
+                "backward_input": round(rng.uniform(0.5, 2.0), 2),
+                "backward_weight": round(rng.uniform(0.2, 1.2), 2),
+                "memory": {"forward": 1.0, "backward_input": -(1.0 - kept), "backward_weight": -kept},
+            }
+        )
+    return Problem.model_validate(
+        {"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": round(rng.uniform(0, 0.3), 2), "memory_limit": limit}
+    )
+
+
+def assert_valid(schedule) -> None:
+    assert validate(schedule.problem, schedule.devices) == []
+    assert schedule.fits_memory()
+
+
+TINY = [
+    pytest.param(zb_problem(2, 2), id="p2-m2-zb"),
+    pytest.param(zb_problem(2, 3, limit=1.5), id="p2-m3-zb-limit1.5"),
+    pytest.param(random_problem(1, 2, 2), id="p2-m2-random1"),
+    pytest.param(random_problem(2, 2, 2, limit=1.5), id="p2-m2-random2-limit1.5"),
+    pytest.param(random_problem(3, 2, 3, limit=1.5), id="p2-m3-random3-limit1.5"),
+    pytest.param(random_problem(4, 2, 1, placement="vshape"), id="p2-m1-vshape"),
+]
+
+
+@pytest.mark.parametrize("problem", TINY)
+def test_cpsat_matches_brute_force(problem):
+    optimum = brute_force_optimum(problem)
+    schedule = solve(problem, "cpsat", SolveOptions(time_limit=20))
+    assert_valid(schedule)
+    assert schedule.metrics.status == "optimal"
+    assert schedule.makespan == pytest.approx(optimum, rel=CLOSE)
+    assert schedule.metrics.gap == 0.0
+
+
+@pytest.mark.parametrize("problem", TINY[:3])
+def test_cpsat_without_symmetry_breaking_finds_the_same_optimum(problem):
+    optimum = brute_force_optimum(problem)
+    schedule = solve(problem, "cpsat", SolveOptions(time_limit=20, symmetry_breaking=False))
+    assert schedule.makespan == pytest.approx(optimum, rel=CLOSE)
+
+
+@pytest.mark.parametrize("problem", TINY[:3])
+def test_auto_matches_brute_force(problem):
+    schedule = solve(problem, "auto", SolveOptions(time_limit=20))
+    assert_valid(schedule)
+    assert schedule.makespan == pytest.approx(brute_force_optimum(problem), rel=CLOSE)
+
+
+AGREE = [
+    pytest.param(zb_problem(3, 3, limit=2.0), id="p3-m3-zb-limit2"),
+    pytest.param(random_problem(5, 3, 3), id="p3-m3-random"),
+    pytest.param(random_problem(6, 2, 4, limit=2.0), id="p2-m4-random-limit2"),
+    pytest.param(zb_problem(2, 2, placement="vshape", limit=2.5), id="p2-m2-vshape-limit2.5"),
+]
+
+
+def solve_models_unhinted(problem: Problem, backend: str) -> tuple[float, float]:
+    """(CP-SAT optimum, MILP optimum) of the whole model, without hints, in the problem's units."""
+    tables = integer_tables(problem)
+    sub = full_subproblem(problem, tables)
+    exact = solve_cpsat_subproblem(sub, time_limit=30)
+    milp = solve_milp_subproblem(sub, time_limit=60, solver=backend)
+    assert exact.status == "optimal" and milp.status == "optimal"
+    for starts in (exact.starts, milp.starts):
+        assert_valid(simulate(problem, sub.orders_from_starts(starts)))
+    return exact.objective / tables.time_scale, milp.objective / tables.time_scale
+
+
+@pytest.mark.parametrize("problem", TINY[:2] + TINY[4:])
+def test_models_without_hints_reach_the_brute_force_optimum(problem):
+    exact, milp = solve_models_unhinted(problem, "cbc")
+    optimum = brute_force_optimum(problem)
+    assert exact == pytest.approx(optimum, rel=CLOSE)
+    assert milp == pytest.approx(optimum, rel=CLOSE)
+
+
+@pytest.mark.parametrize("problem", AGREE)
+@pytest.mark.parametrize("backend", ["cbc", "highs"])
+def test_cpsat_and_milp_reach_the_same_optimum(problem, backend):
+    exact, milp = solve_models_unhinted(problem, backend)
+    assert milp == pytest.approx(exact, rel=CLOSE)
+
+
+@pytest.mark.parametrize("backend", ["cbc", "highs"])
+def test_milp_method_reports_a_proven_optimum(backend):
+    schedule = solve(random_problem(5, 3, 3, limit=2.0), "milp", SolveOptions(time_limit=30, solver=backend))
+    assert_valid(schedule)
+    assert schedule.metrics.status == "optimal" and schedule.metrics.gap == 0.0
+
+
+def test_unknown_milp_solver_is_an_input_error():
+    with pytest.raises(InputError, match="solver"):
+        solve(zb_problem(2, 2), "milp", SolveOptions(time_limit=5, solver="NO_SUCH_SOLVER"))
+
+
+NEVER_WORSE = [
+    pytest.param(zb_problem(4, 8), id="p4-m8-unlimited"),
+    pytest.param(zb_problem(4, 8, limit=4.0), id="p4-m8-limit4"),
+    pytest.param(random_problem(7, 4, 8, limit=3.0), id="p4-m8-random-limit3"),
+    pytest.param(zb_problem(4, 8, placement="vshape", limit=5.0), id="p4-m8-vshape-limit5"),
+    pytest.param(zb_problem(4, 8, placement="interleaved:2"), id="p4-m8-interleaved2"),
+    pytest.param(random_problem(8, 8, 16, limit=8.0), id="p8-m16-random-limit8"),
+]
+
+
+@pytest.mark.parametrize("problem", NEVER_WORSE)
+def test_auto_is_never_worse_than_a_known_schedule_that_fits(problem):
+    generators, _ = generator_candidates(problem)
+    fitting = [c.schedule.makespan for c in generators if c.fits]
+    schedule = solve(problem, "auto", SolveOptions(time_limit=3))
+    assert_valid(schedule)
+    assert schedule.makespan <= min(fitting, default=float("inf")) * (1 + CLOSE)
+    m = schedule.metrics
+    assert m.lower_bound <= m.makespan * (1 + CLOSE)
+    assert m.gap == pytest.approx((m.makespan - m.lower_bound) / m.makespan, abs=1e-12)
+    assert m.status in ("optimal", "feasible", "heuristic")
+    assert m.method_won and m.solve_seconds is not None
+
+
+def test_auto_beats_the_known_schedules_on_uneven_stages():
+    problem = Problem.model_validate(
+        {
+            "num_devices": 4,
+            "num_microbatches": 8,
+            "comm_time": 0.03,
+            "stages": [
+                {
+                    "device": d,
+                    "forward": f,
+                    "backward_input": b,
+                    "backward_weight": 0.6 * f,
+                    "memory": {"forward": 1.0, "backward_input": -0.63, "backward_weight": -0.37},
+                }
+                for d, (f, b) in enumerate([(1.2, 1.2), (1.0, 1.0), (1.0, 1.0), (1.5, 2.0)])
+            ],
+            "memory_limit": 4.0,
+        }
+    )
+    generators, _ = generator_candidates(problem)
+    best_known = min(c.schedule.makespan for c in generators if c.fits and c.name != "greedy")
+    schedule = solve(problem, "auto", SolveOptions(time_limit=5))
+    assert schedule.makespan < best_known * (1 - 1e-3)
+
+
+def test_memory_limit_below_one_microbatch_is_infeasible_and_names_the_smallest_limit():
+    problem = zb_problem(4, 8, placement="vshape", limit=1.5)  # each device holds two stages: needs 2
+    with pytest.raises(InfeasibleError, match="smallest limit that fits is 2"):
+        solve(problem, "auto", SolveOptions(time_limit=5))
+
+
+def test_smallest_limit_is_feasible_and_solved():
+    problem = zb_problem(4, 4, placement="vshape", limit=2.0)
+    schedule = solve(problem, "auto", SolveOptions(time_limit=5))
+    assert_valid(schedule)
+    assert max(schedule.metrics.peak_memory) <= 2.0 + 1e-9
+
+
+def test_time_limit_is_respected():
+    problem = zb_problem(8, 32, limit=5.0)
+    began = time.monotonic()
+    schedule = solve(problem, "auto", SolveOptions(time_limit=2))
+    elapsed = time.monotonic() - began
+    assert_valid(schedule)
+    # Generous slack: one CP-SAT window may overrun its share a little on a busy machine.
+    assert elapsed < 2 + 8
+
+
+def test_interrupt_returns_the_best_so_far():
+    problem = zb_problem(4, 16, limit=3.0)
+    seen = []
+
+    def interrupt_after_first_incumbent(progress):
+        seen.append(progress)
+        if progress.incumbent is not None and len([p for p in seen if p.incumbent is not None]) == 1:
+            raise KeyboardInterrupt
+
+    schedule = solve(problem, "auto", SolveOptions(time_limit=60), on_progress=interrupt_after_first_incumbent)
+    assert_valid(schedule)
+    assert schedule.metrics.solve_seconds < 30
+    assert seen[-1].phase == "interrupted"
+
+
+def test_interrupt_before_any_schedule_propagates():
+    def interrupt_at_once(progress):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        solve(zb_problem(2, 2), "auto", SolveOptions(time_limit=5), on_progress=interrupt_at_once)
+
+
+def test_progress_reports_incumbent_and_bound():
+    reports = []
+    solve(zb_problem(4, 8, limit=3.0), "auto", SolveOptions(time_limit=3), on_progress=reports.append)
+    assert reports
+    assert all(r.bound <= (r.incumbent or float("inf")) * (1 + CLOSE) for r in reports)
+    assert reports[-1].incumbent is not None
+
+
+def test_same_seed_same_schedule_on_a_problem_solved_to_optimality():
+    problem = zb_problem(3, 4, limit=2.0)
+    first = solve(problem, "cpsat", SolveOptions(time_limit=20, seed=3, threads=1))
+    second = solve(problem, "cpsat", SolveOptions(time_limit=20, seed=3, threads=1))
+    assert first.order() == second.order()
+
+
+def test_times_without_an_exact_decimal_grid_are_rounded_down_and_the_output_is_exact():
+    problem = uniform_problem(3, 4, 1 / 3, 2 / 7, 1 / 11, comm_time=1 / 97, mem_forward=1.0, mem_backward_input=-0.5, memory_limit=2.0)
+    tables = integer_tables(problem)
+    assert not tables.exact_time and tables.max_time_rounding < 1e-3
+    schedule = solve(problem, "auto", SolveOptions(time_limit=5))
+    assert_valid(schedule)
+    assert schedule.metrics.lower_bound <= schedule.makespan
+
+
+def test_canonical_orders_are_never_slower():
+    for name in ("1f1b", "gpipe", "zb-h1"):
+        problem = zb_problem(4, 6)
+        original = simulate(problem, GENERATORS[name].build(problem))
+        relabelled = simulate(problem, canonical(original.order()))
+        assert relabelled.makespan <= original.makespan * (1 + CLOSE)
+        assert max(relabelled.metrics.peak_memory) <= max(original.metrics.peak_memory) + 1e-9
+
+
+def test_unknown_method_and_objective_are_input_errors():
+    with pytest.raises(InputError):
+        solve(zb_problem(2, 2), "simplex")
+    with pytest.raises(InputError):
+        solve(zb_problem(2, 2), "auto", SolveOptions(objective="latency"))
+
+
+def test_span_objective_is_solved():
+    schedule = solve(zb_problem(3, 4, limit=2.0), "cpsat", SolveOptions(time_limit=20, objective="span"))
+    assert_valid(schedule)
+    spans = [ops[-1].end - ops[0].start for ops in schedule.devices]
+    assert schedule.metrics.lower_bound <= max(spans) * (1 + CLOSE)

@@ -1,0 +1,43 @@
+"""Memory against speed: the sweep, its JSON and its picture."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from optimizer.errors import InputError
+from optimizer.exact import SolveOptions, pareto, parse_limits, plot_pareto
+from optimizer.problem import uniform_problem
+
+
+def test_parse_limits():
+    assert parse_limits("1:3:0.5") == [1.0, 1.5, 2.0, 2.5, 3.0]
+    assert parse_limits("4") == [4.0]
+    for bad in ("1:2", "a:b:c", "3:1:1", "1:2:0", "0:2:1"):
+        with pytest.raises(InputError):
+            parse_limits(bad)
+
+
+def test_sweep_is_monotone_and_marks_infeasible_limits(tmp_path):
+    problem = uniform_problem(3, 4, 1.0, 1.0, 0.6, comm_time=0.03, placement="vshape", mem_forward=0.5, mem_backward_input=-0.3)
+    curve = pareto(problem, "0.5:3:0.5", SolveOptions(time_limit=3))
+    by_limit = {p.limit: p for p in curve.points}
+    assert not by_limit[0.5].feasible and "smallest limit that fits is 1" in by_limit[0.5].note
+    solved = [p for p in curve.points if p.feasible]
+    assert [p.limit for p in solved] == [1.0, 1.5, 2.0, 2.5, 3.0]
+    for p in solved:
+        assert p.peak_memory <= p.limit + 1e-9
+        assert p.bound <= p.makespan * (1 + 1e-9)
+    # Tiny problems are solved to optimality, so more memory never makes them slower.
+    makespans = [p.makespan for p in solved]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(makespans, makespans[1:]))
+    assert {g.name for g in curve.generators} >= {"gpipe", "zb-v"}
+
+    data = curve.to_json()
+    json.dumps(data)
+    assert data["format"] == "pipesched.pareto" and len(data["points"]) == 6
+
+    svg = tmp_path / "curve.svg"
+    plot_pareto(curve, svg)
+    assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
