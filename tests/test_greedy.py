@@ -14,7 +14,6 @@ from optimizer.errors import InfeasibleError
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedules import generate
 from optimizer.schedules.greedy import least_memory
-from optimizer.simulate import simulate
 from optimizer.validate import validate
 
 
