@@ -6,7 +6,7 @@ soon as its tensor exists and its turn has come. Sends never block the rank; a
 receive is waited for only by the op that consumes it, with a timeout, and a failure
 names the op, the peer and the microbatch on this rank rather than hanging.
 
-On NCCL every round of newly issued transfers goes out as one batch
+On NCCL the transfers newly issued with one peer go out as one batch
 (`batch_isend_irecv`, one NCCL group); gloo takes plain isend/irecv matched by tag.
 """
 
@@ -105,37 +105,41 @@ class P2P:
 
     def _advance(self, peers) -> None:
         """Issue, per peer, every message whose turn has come."""
-        round_ops: list[tuple[dist.P2POp, Message, torch.Tensor]] = []
         for peer in peers:
             messages = self.plan.peer_messages[peer]
             i = self._cursor[peer]
+            round_ops: list[tuple[dist.P2POp, Message]] = []
             while i < len(messages):
                 message = messages[i]
                 key = _key(message)
                 if message.dst == self.plan.rank:
                     spec = self.outputs[message.stage - 1 if message.kind == ACTIVATION else message.stage]
                     buffer = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                    round_ops.append((dist.P2POp(dist.irecv, buffer, peer, tag=message.tag), message, buffer))
+                    round_ops.append((dist.P2POp(dist.irecv, buffer, peer, tag=message.tag), message))
                 elif key in self._produced:
                     tensor = self._produced.pop(key)
-                    round_ops.append((dist.P2POp(dist.isend, tensor, peer, tag=message.tag), message, tensor))
+                    round_ops.append((dist.P2POp(dist.isend, tensor, peer, tag=message.tag), message))
                 else:
                     break
                 i += 1
             self._cursor[peer] = i
+            self._issue(round_ops)
+        self._reap_sends()
+
+    def _issue(self, round_ops: list[tuple[dist.P2POp, Message]]) -> None:
         if not round_ops:
             return
         if self.batched:
-            works = dist.batch_isend_irecv([p2p for p2p, _, _ in round_ops])
+            # One group per peer: a wait then couples only transfers with that peer.
+            works = dist.batch_isend_irecv([p2p for p2p, _ in round_ops])
             per_op = [works] * len(round_ops)
         else:
-            per_op = [[p2p.op(p2p.tensor, p2p.peer, tag=p2p.tag)] for p2p, _, _ in round_ops]
-        for (p2p, message, tensor), works in zip(round_ops, per_op):
+            per_op = [[p2p.op(p2p.tensor, p2p.peer, tag=p2p.tag)] for p2p, _ in round_ops]
+        for (p2p, message), works in zip(round_ops, per_op):
             if message.dst == self.plan.rank:
-                self._receives[_key(message)] = (tensor, works)
+                self._receives[_key(message)] = (p2p.tensor, works)
             else:
-                self._sends.append((works, tensor, message))
-        self._reap_sends()
+                self._sends.append((works, p2p.tensor, message))
 
     def _reap_sends(self) -> None:
         # Completed sends release their tensors early; the rest wait for finish_step.
