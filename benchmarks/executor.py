@@ -1,12 +1,13 @@
 """Executor benchmark: measured step time vs the simulator's prediction vs torch.distributed.pipelining.
 
 For each placement the schedule families need (linear, interleaved:2, vshape), it
-profiles the example model on the same ranks (`pipesched profile`), builds each
-family's schedule from that profile (its makespan is the prediction; schedules with
-fused BW ops are timed with the profiled fused backward, as they run), then runs, in
-one process group, our executor and torch.distributed.pipelining's schedule with the
-same stage modules, data and loss, alternating rounds of steps so background load hits
-both alike. A step's time is from the ranks leaving a barrier to the last rank ending
+profiles the example model on the same ranks (`pipesched profile`) and builds each
+family's schedule from it; then runs, in one process group and one step of each in
+turn, every schedule with our executor, the same model and split under
+torch.distributed.pipelining's corresponding schedule, and the profiler's orders. The
+prediction is the simulator's makespan of the schedule's order on the problem profiled
+alongside the runs (BW ops timed with the profiled fused backward, as they run), so a
+burst of load elsewhere on the machine hits measurement and prediction alike. A step's time is from the ranks leaving a barrier to the last rank ending
 its ops (sends done); the optimizer update is outside it on both sides.
 
     python benchmarks/executor.py                     # 2 ranks x 1 thread on CPU (gloo)
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -47,46 +49,63 @@ PLACEMENT_FAMILIES = {
 
 @dataclass(frozen=True)
 class BenchJob:
-    """Runs, on every rank, each schedule with our executor and with its torch peer."""
+    """On every rank: each schedule with our executor and with its torch peer, and the
+    profiling orders, one step of each in turn, so that a burst of load elsewhere on the
+    machine hits every measurement alike (the prediction included)."""
 
     schedules: dict  # family -> schedule JSON
     model: str
+    devices: int
+    microbatches: int
+    placement: str
     rounds: int
-    steps_per_round: int
     warmup: int
     timeout_s: float = 120.0
 
     def execute(self, rank, world_size, device):
         import torch.distributed as dist
 
-        results = {}
-        for family, schedule_json in self.schedules.items():
-            results[family] = self._bench(family, schedule_json, rank, world_size, device)
-        gathered = [None] * world_size
-        dist.all_gather_object(gathered, results)
-        return gathered if rank == 0 else None
-
-    def _bench(self, family, schedule_json, rank, world_size, device):
         from optimizer.schedule import schedule_from_json
+        from runtime.profile import ping_pong, profiling_schedule, timed_steps
         from runtime.session import open_session
 
-        schedule = schedule_from_json(schedule_json, family, check=False)
-        ours = open_session(schedule, self.model, rank, world_size, device, self.timeout_s)
-        peer = _TorchPeer(TORCH_PEERS[family], self.model, ours.plan, device) if family in TORCH_PEERS else None
-        times = {"ours": [], "torch": []}
-        for round_ in range(self.rounds + 1):
-            steps = self.warmup if round_ == 0 else self.steps_per_round
-            for step in range(steps):
+        def session(schedule):
+            return open_session(schedule, self.model, rank, world_size, device, self.timeout_s)
+
+        profiling = {
+            fused: session(profiling_schedule(self.devices, self.microbatches, self.placement, fused=fused))
+            for fused in (False, True)
+        }
+        runs = {}
+        for family, schedule_json in self.schedules.items():
+            ours = session(schedule_from_json(schedule_json, family, check=False))
+            peer = _TorchPeer(TORCH_PEERS[family], self.model, ours.plan, device) if family in TORCH_PEERS else None
+            runs[family] = (ours, peer)
+
+        busy: dict = {}
+        times = {family: {"ours": [], "torch": []} for family in runs}
+        for step in range(self.warmup + self.rounds):
+            measured = step >= self.warmup
+            for profile_session in profiling.values():
+                for key, values in timed_steps(profile_session, 1, step).items():
+                    if measured:
+                        busy.setdefault(key, []).extend(values)
+            for family, (ours, peer) in runs.items():
                 result = ours.step(step)
                 ours.update()
-                if round_:
-                    times["ours"].append(result.seconds)
-            if peer is not None:
-                for step in range(steps):
-                    seconds = peer.step(step)
-                    if round_:
-                        times["torch"].append(seconds)
-        return times
+                seconds = peer.step(step) if peer is not None else None
+                if measured:
+                    times[family]["ours"].append(result.seconds)
+                    if seconds is not None:
+                        times[family]["torch"].append(seconds)
+        profile = (
+            {key: statistics.median(values) * 1e3 for key, values in busy.items()},
+            {},
+            ping_pong(profiling[False], device),
+        )
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, (times, profile))
+        return gathered if rank == 0 else None
 
 
 class _TorchPeer:
@@ -134,29 +153,40 @@ class _TorchPeer:
         return seconds
 
 
-def split_overhead(model_name: str, num_stages: int, microbatches: int, repeats: int = 30) -> list[dict]:
-    """Per stage, in this process with one thread: the fused backward (BW) against our
+def split_overhead(
+    model_name: str, num_stages: int, microbatches: int, device_name: str, threads: int, repeats: int = 30
+) -> list[dict]:
+    """Per stage, in this process (with the ranks' thread count): the fused backward (BW) against our
     split (B, then W from the recorded frontier) and against the naive split (B with
     the graph retained, W as a second autograd pass to the parameters)."""
     import torch
+
+    device = torch.device(device_name)
+
+    def now() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
 
     from runtime.backward import SplitBackward, backward_fused, backward_weight
     from runtime.models import load_model
     from runtime.session import output_specs
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     model = load_model(model_name, num_stages)
     inputs, targets = model.make_batch(0, microbatches)
     x0, target = inputs.chunk(microbatches)[0], targets.chunk(microbatches)[0]
     specs = output_specs(model.stages, x0)
+    x0, target = x0.to(device), target.to(device)
     rows = []
     for s, stage in enumerate(model.stages):
+        stage.to(device)
         last = s == num_stages - 1
         split = SplitBackward(list(stage.parameters()))
-        grad = None if last else torch.randn(specs[s].shape)
+        grad = None if last else torch.randn(specs[s].shape, device=device)
 
         def forward():
-            x = x0 if s == 0 else torch.randn(specs[s - 1].shape).requires_grad_()
+            x = x0 if s == 0 else torch.randn(specs[s - 1].shape, device=device).requires_grad_()
             out = stage(x)
             return x, (model.loss_fn(out, target) if last else out)
 
@@ -164,27 +194,27 @@ def split_overhead(model_name: str, num_stages: int, microbatches: int, repeats:
             backward_fused(out, grad, [x])
 
         def ours(x, out):
-            start = time.perf_counter()
+            start = now()
             _, work = split.backward_input(out, grad, [x])
-            middle = time.perf_counter()
+            middle = now()
             backward_weight(work)
-            return middle - start, time.perf_counter() - middle
+            return middle - start, now() - middle
 
         def naive(x, out):
-            start = time.perf_counter()
+            start = now()
             if x.requires_grad:
                 torch.autograd.grad(out, [x], grad, retain_graph=True)
-            middle = time.perf_counter()
+            middle = now()
             torch.autograd.grad(out, split.params, grad)
-            return middle - start, time.perf_counter() - middle
+            return middle - start, now() - middle
 
         samples = {"fused": [], "B": [], "W": [], "naive B": [], "naive W": []}
         for repeat in range(repeats + 3):
             for name, fn in (("fused", fused), ("ours", ours), ("naive", naive)):
                 x, out = forward()
-                start = time.perf_counter()
+                start = now()
                 parts = fn(x, out)
-                total = time.perf_counter() - start
+                total = now() - start
                 stage.zero_grad(set_to_none=True)
                 if repeat < 3:
                     continue
@@ -226,9 +256,7 @@ def main() -> None:
     parser.add_argument(
         "--model", default="example:layers=8,hidden=128,heads=4,vocab=512,seq_len=64,batch_size=4"
     )
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps-per-round", type=int, default=5)
-    parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=25, help="measured steps of each run (after 3 warm-up steps)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "executor.json")
     args = parser.parse_args()
 
@@ -240,18 +268,17 @@ def main() -> None:
     from optimizer.schedules import GENERATORS, generate
     from runtime.launch import launch
     from optimizer.simulate import simulate
-    from runtime.profile import ProfileJob, with_fused_backward
+    from runtime.profile import ProfileJob, profile_result, with_fused_backward
 
+    load_at_start = os.getloadavg()
     rows = []
     for placement, families in PLACEMENT_FAMILIES.items():
         families = [f for f in families if f in GENERATORS]
-        profile_job = ProfileJob(
-            args.model, args.devices, args.microbatches, placement, steps=args.profile_steps, timeout_s=120
-        )
+        # A short profile gives the orders (some families look at the times); the
+        # prediction uses the profile measured alongside the runs.
         started = time.perf_counter()
-        profiled = launch(profile_job, args.devices, args.backend, args.threads)
-        problem = Problem.model_validate(profiled["problem"])
-        fused_problem = with_fused_backward(problem, profiled["fused_backward_ms"])
+        quick = ProfileJob(args.model, args.devices, args.microbatches, placement, steps=3, timeout_s=120)
+        problem = Problem.model_validate(launch(quick, args.devices, args.backend, args.threads)["problem"])
         print(f"profiled {placement} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         schedules = {}
         for family in families:
@@ -261,17 +288,21 @@ def main() -> None:
             else:
                 print(f"skip {family}: {reason}", file=sys.stderr)
         job = BenchJob(
-            {f: s.to_json() for f, s in schedules.items()}, args.model, args.rounds, args.steps_per_round, warmup=3
+            {f: s.to_json() for f, s in schedules.items()},
+            args.model, args.devices, args.microbatches, placement, args.steps, warmup=3,
         )
         started = time.perf_counter()
         gathered = launch(job, args.devices, args.backend, args.threads)
         print(f"ran {placement} schedules in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        profiled = profile_result(args.devices, args.microbatches, placement, [profile for _, profile in gathered])
+        problem = Problem.model_validate(profiled["problem"])
+        fused_problem = with_fused_backward(problem, profiled["fused_backward_ms"])
         for family, schedule in schedules.items():
-            ours = _median_ms([rank[family]["ours"] for rank in gathered])
-            peer = _median_ms([rank[family]["torch"] for rank in gathered])
+            ours = _median_ms([times[family]["ours"] for times, _ in gathered])
+            peer = _median_ms([times[family]["torch"] for times, _ in gathered])
             # A BW op runs the fused backward, cheaper than B + W: time it as measured.
             fused = any(op.kind == "BW" for device in schedule.devices for op in device)
-            predicted = simulate(fused_problem, schedule.order()).makespan if fused else schedule.makespan
+            predicted = simulate(fused_problem if fused else problem, schedule.order()).makespan
             rows.append(
                 {
                     "schedule": family,
@@ -279,17 +310,19 @@ def main() -> None:
                     "measured_ms": ours,
                     "predicted_ms": predicted,
                     "predicted_error": (predicted - ours) / ours,
-                    "predicted_ms_with_split_times": schedule.makespan,
+                    "predicted_ms_with_split_times": simulate(problem, schedule.order()).makespan,
                     "torch_class": TORCH_PEERS.get(family),
                     "torch_ms": peer,
                     "ours_over_torch": ours / peer if peer else None,
-                    "steps": args.rounds * args.steps_per_round,
+                    "steps": args.steps,
+                    "profile": profiled,
                 }
             )
             print(f"{family}: ours {ours:.1f} ms, predicted {predicted:.1f} ms, torch {peer or float('nan'):.1f} ms", file=sys.stderr)
 
     print_table(rows, args)
-    overhead = split_overhead(args.model, args.devices, args.microbatches)
+    print(f"\nload average (1 min) at start {load_at_start[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    overhead = split_overhead(args.model, args.devices, args.microbatches, "cuda" if args.backend == "nccl" else "cpu", args.threads)
     print_overhead(overhead)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     setup = {
@@ -298,11 +331,12 @@ def main() -> None:
         "threads_per_rank": args.threads,
         "microbatches": args.microbatches,
         "model": args.model,
-        "cpu_count": __import__("os").cpu_count(),
+        "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "python": platform.python_version(),
         "torch": __import__("torch").__version__,
-        "load_average_at_end": __import__("os").getloadavg(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
         "step_time": "median over steps of the slowest rank, barrier to last op and sends done; optimizer update excluded",
     }
     args.output.write_text(json.dumps({"setup": setup, "rows": rows, "split_backward": overhead}, indent=1) + "\n")
@@ -312,7 +346,7 @@ def main() -> None:
 def print_table(rows: list[dict], args) -> None:
     print(
         f"\n{args.devices} ranks x {args.threads} thread(s), {args.backend}, {args.microbatches} microbatches, "
-        f"model {args.model}; median of {args.rounds * args.steps_per_round} steps\n"
+        f"model {args.model}; median of {args.steps} steps\n"
     )
     header = "| schedule | measured ms | predicted ms | error | torch.distributed.pipelining | torch ms | ours / torch |"
     print(header)
@@ -327,7 +361,7 @@ def print_table(rows: list[dict], args) -> None:
 
 
 def print_overhead(rows: list[dict]) -> None:
-    print("\nSplit backward cost, one microbatch, one thread (median ms)\n")
+    print("\nSplit backward cost, one microbatch, one process (median ms)\n")
     print("| stage | fused BW | B | W | B+W vs BW | naive B | naive W | naive vs BW |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:

@@ -13,7 +13,7 @@ lists what each rank reported, the dead rank first.
 from __future__ import annotations
 
 import datetime
-import json
+import pickle
 import os
 import signal
 import sys
@@ -93,7 +93,7 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
                 if process.is_alive():
                     process.kill()
                 process.join()
-        reports = [_read(Path(results) / f"rank{rank}.json") for rank in range(world_size)]
+        reports = [_read(Path(results) / f"rank{rank}.pickle") for rank in range(world_size)]
     if all(report and report["ok"] for report in reports) and not stopped:
         return reports[0]["result"]
     raise _failure(processes, reports, stopped)
@@ -112,7 +112,7 @@ def run_here(job: Job, backend: str = "gloo", threads: int | None = None) -> dic
 
 
 def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, threads: int, results: str) -> None:
-    path = Path(results) / f"rank{rank}.json"
+    path = Path(results) / f"rank{rank}.pickle"  # a job's result is any picklable value
     try:
         torch.set_num_threads(threads)
         device = rank_device(backend, rank)
@@ -120,15 +120,15 @@ def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, t
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         result = job.execute(rank, world_size, device)
-        path.write_text(json.dumps({"ok": True, "result": result}))
+        path.write_bytes(pickle.dumps({"ok": True, "result": result}))
         dist.destroy_process_group()
     except PipeschedError as error:
-        path.write_text(json.dumps({"ok": False, "error": str(error), "exit_code": error.exit_code}))
+        path.write_bytes(pickle.dumps({"ok": False, "error": str(error), "exit_code": error.exit_code}))
         _exit(error.exit_code)
     except BaseException as error:  # a bug or a user model's exception: keep its traceback
         traceback.print_exc()
         text = f"rank {rank}: {error.__class__.__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-        path.write_text(json.dumps({"ok": False, "error": text, "exit_code": 1}))
+        path.write_bytes(pickle.dumps({"ok": False, "error": text, "exit_code": 1}))
         _exit(1)
 
 
@@ -159,8 +159,8 @@ def _watch(processes: list) -> set[int]:
 
 def _read(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError):
         return None
 
 

@@ -61,7 +61,8 @@ def profiling_schedule(devices: int, microbatches: int, placement: str, fused: b
     return simulate(problem, orders, method="profile")
 
 
-def _timed_steps(session, steps: int, first_step: int) -> dict[tuple[str, int], list[float]]:
+def timed_steps(session, steps: int, first_step: int) -> dict[tuple[str, int], list[float]]:
+    """Busy seconds of each (kind, stage) over `steps` steps of a session."""
     busy: dict[tuple[str, int], list[float]] = defaultdict(list)
     for step in range(first_step, first_step + steps):
         result = session.step(step, record=True)
@@ -79,13 +80,13 @@ def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.devi
     # One warm-up step, the timed steps without the memory meter's hooks (they cost time
     # in every F), then one step measuring memory.
     session.meter.enabled = False
-    _timed_steps(session, 1, 0)
-    busy = _timed_steps(session, job.steps, 1)
+    timed_steps(session, 1, 0)
+    busy = timed_steps(session, job.steps, 1)
     session.meter.enabled = True
-    _timed_steps(session, 1, job.steps + 1)
+    timed_steps(session, 1, job.steps + 1)
     times = {key: statistics.median(values) * 1e3 for key, values in busy.items()}
     memory = {key: statistics.median(values) for key, values in session.meter.samples.items()}
-    round_trips = _ping_pong(session, device)
+    round_trips = ping_pong(session, device)
 
     # The fused backward (BW) is cheaper than B + W; the problem has no field for it, so
     # it is reported beside the problem (the executor benchmark predicts BW schedules
@@ -94,22 +95,31 @@ def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.devi
         profiling_schedule(job.devices, job.microbatches, job.placement, fused=True),
         job.model, rank, world_size, device, job.timeout_s,
     )
-    _timed_steps(fused, 1, 0)
-    fused_busy = _timed_steps(fused, job.steps, 1)
+    timed_steps(fused, 1, 0)
+    fused_busy = timed_steps(fused, job.steps, 1)
     times.update({key: statistics.median(values) * 1e3 for key, values in fused_busy.items()})
 
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, (times, memory, round_trips))
     if rank != 0:
         return None
-    problem = assemble_problem(job, gathered)
-    fused_ms = {}
-    for rank_times, _, _ in gathered:
-        fused_ms.update({stage: ms for (kind, stage), ms in rank_times.items() if kind == "BW"})
+    return {**profile_result(job.devices, job.microbatches, job.placement, gathered), "steps": job.steps}
+
+
+def profile_result(devices: int, microbatches: int, placement: str, gathered: list) -> dict:
+    """The problem and the fused backward times from every rank's (times in ms per
+    (kind, stage), memory bytes per (kind, stage), round trips in seconds)."""
+    times: dict[tuple[str, int], float] = {}
+    memory: dict[tuple[str, int], float] = {}
+    round_trips: list[float] = []
+    for rank_times, rank_memory, rank_trips in gathered:
+        times.update(rank_times)
+        memory.update(rank_memory)
+        round_trips += rank_trips
+    problem = assemble_problem(devices, microbatches, placement, times, memory, round_trips)
     return {
         "problem": problem.model_dump(mode="json"),
-        "fused_backward_ms": [fused_ms[s] for s in range(problem.num_stages)],
-        "steps": job.steps,
+        "fused_backward_ms": [times[("BW", s)] for s in range(problem.num_stages)],
     }
 
 
@@ -121,7 +131,7 @@ def with_fused_backward(problem: Problem, fused_backward_ms: list[float]) -> Pro
     return Problem.model_validate(data)
 
 
-def _ping_pong(session, device: torch.device) -> list[float]:
+def ping_pong(session, device: torch.device) -> list[float]:
     """Round trips (seconds) of one stage output between each pair of neighbouring devices."""
     plan = session.plan
     specs = session.executor.p2p.outputs
@@ -151,19 +161,19 @@ def _ping_pong(session, device: torch.device) -> list[float]:
     return measured
 
 
-def assemble_problem(job: ProfileJob, gathered: list) -> Problem:
-    """The problem JSON from every rank's medians."""
-    times: dict[tuple[str, int], float] = {}
-    memory: dict[tuple[str, int], float] = {}
-    round_trips: list[float] = []
-    for rank_times, rank_memory, rank_trips in gathered:
-        times.update(rank_times)
-        memory.update(rank_memory)
-        round_trips += rank_trips
+def assemble_problem(
+    devices: int,
+    microbatches: int,
+    placement: str,
+    times: dict[tuple[str, int], float],
+    memory: dict[tuple[str, int], float],
+    round_trips: list[float],
+) -> Problem:
+    """The problem from per-stage median times (ms) and memory (bytes; absent: 0)."""
     stages = []
-    for s, device in enumerate(placement_devices(job.placement, job.devices)):
-        kept_forward = max(0.0, memory[("F", s)]) / GIB
-        kept_backward = memory[("B", s)] / GIB
+    for s, device in enumerate(placement_devices(placement, devices)):
+        kept_forward = max(0.0, memory.get(("F", s), 0.0)) / GIB
+        kept_backward = memory.get(("B", s), 0.0) / GIB
         stages.append(
             {
                 "device": device,
@@ -179,5 +189,5 @@ def assemble_problem(job: ProfileJob, gathered: list) -> Problem:
         )
     comm_ms = statistics.median(round_trips) / 2 * 1e3 if round_trips else 0.0
     return Problem.model_validate(
-        {"num_devices": job.devices, "num_microbatches": job.microbatches, "stages": stages, "comm_time": comm_ms}
+        {"num_devices": devices, "num_microbatches": microbatches, "stages": stages, "comm_time": comm_ms}
     )
