@@ -165,7 +165,7 @@ def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, rep
 
     def work() -> None:
         try:
-            outcome["status"] = solver.solve(model, reporter)
+            outcome["status"] = solver.solve(model, reporter) if reporter is not None else solver.solve(model)
         finally:
             done.set()
 

@@ -4,8 +4,10 @@
    the memory limit is the incumbent (auto is never worse than it).
 2. Small problems (up to FULL_MODEL_OPS ops): a short window search to sharpen the
    incumbent, then the whole CP-SAT model hinted with it, which can prove optimality.
-3. Larger problems: window search (optimizer.exact.neighbourhood) until the time limit
-   or the lower bound is reached.
+3. Larger problems: a periodic steady state solved once and unrolled
+   (optimizer.exact.periodic) for a share of the time, then window search
+   (optimizer.exact.neighbourhood) from the best schedule until the time limit or the
+   lower bound is reached.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from optimizer.exact.incumbents import Candidate, candidate, generator_candidate
 from optimizer.exact.listsched import list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
+from optimizer.exact.periodic import periodic_orders
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import IntegerTables, integer_tables, tick_problem
 from optimizer.exact.tracker import Tracker
@@ -29,6 +32,8 @@ from optimizer.simulate import simulate, simulate_times
 FULL_MODEL_OPS = 600
 # Share of the time the window search gets before the whole model on small problems.
 WINDOW_SHARE_SMALL = 0.25
+# Share of the time left after the starting points that periodic patterns may take.
+PERIODIC_SHARE = 0.2
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
@@ -110,4 +115,16 @@ def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> Non
         if not tracker.closed() and tracker.left() > 0:
             whole_model(problem, tables, options, tracker, tracker.left())
     else:
-        window_search(problem, tables, options, tracker, tracker.deadline)
+        periodic_patterns(problem, tables, options, tracker, time.monotonic() + PERIODIC_SHARE * tracker.left())
+        if not tracker.closed():
+            window_search(problem, tables, options, tracker, tracker.deadline)
+
+
+def periodic_patterns(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
+    """Offer unrolled periodic patterns, shortest period first, until one fits the limit."""
+
+    def fits(orders) -> bool:
+        return simulate(problem, orders).fits_memory()
+
+    for name, orders in periodic_orders(problem, tables, deadline=until, seed=options.seed, threads=options.threads, fits=fits):
+        tracker.offer(simulate(problem, orders), name)

@@ -1,0 +1,170 @@
+"""A periodic steady state, solved once and unrolled: structure for large microbatch counts.
+
+In a 1-periodic schedule every microbatch runs the same pattern shifted by a period T:
+op j of microbatch i starts at offset_j + i*T. The model has one op per (stage, kind)
+only, so it stays tiny at any p and m:
+
+* dependencies between offsets, with transfer time across devices;
+* one op at a time per device *modulo T* (each op as an interval at its phase and a
+  copy one period later, all without overlap);
+* memory through lifespans (see below).
+
+For a given T it minimizes the latency of one microbatch (its last end) plus the
+memory-time its activations are held, so the unrolled makespan is about
+(m-1)*T + latency. Unrolling is always a valid order (the simulator then pulls every op
+as early as the order allows). Periods from the busiest device's work upward are
+tried; an unrolled pattern is kept only when it fits the memory limit (checked exactly
+on the order), so tighter limits end up at longer periods. Modelling the steady-state
+usage exactly (floor((t-e)/T) - floor((t-f)/T) microbatches hold a piece allocated at e
+and freed at f) is possible, but in trials it stopped CP-SAT from finding any pattern
+at p = 16 within seconds, so it is left out.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+from ortools.sat.python import cp_model
+
+from optimizer.exact.cpsat import _solve_interruptibly
+from optimizer.exact.timescale import IntegerTables
+from optimizer.problem import Problem
+from optimizer.schedule import Op
+
+KINDS = ("F", "B", "W")
+# Periods tried, as multiples of the busiest device's work per microbatch.
+PERIOD_STEPS = (1.0, 1.02, 1.05, 1.1, 1.15, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.5, 3.0)
+
+
+def applicable(problem: Problem) -> bool:
+    """Memory must be allocated by forwards and freed by B and W (the usual case)."""
+    t = problem.tables()
+    return all(v <= 0 for v in t.mem_backward_input + t.mem_backward_weight)
+
+
+def solve_period(
+    problem: Problem,
+    tables: IntegerTables,
+    period: int,
+    *,
+    time_limit: float,
+    seed: int = 0,
+    threads: int = 2,
+) -> dict[tuple[str, int], int] | None:
+    """Offsets (ticks) of each (kind, stage) for one microbatch, or None if no pattern fits."""
+    # --- data -------------------------------------------------------------------------
+    S = problem.num_stages
+    dev = tables.device
+    dur = tables.duration
+    comm = [tables.comm if s + 1 < S and dev[s] != dev[s + 1] else 0 for s in range(S)]
+    latency_cap = 4 * (sum(dur[k][s] for k in KINDS for s in range(S)) + 2 * S * tables.comm) + 2 * period
+    wraps = latency_cap // period + 2
+
+    # --- variables --------------------------------------------------------------------
+    model = cp_model.CpModel()
+    offset, phase, lap, intervals = {}, {}, {}, {}
+    for s in range(S):
+        for kind in KINDS:
+            key = (kind, s)
+            name = f"{kind}_{s}"
+            offset[key] = model.new_int_var(0, latency_cap, f"offset_{name}")
+            phase[key] = model.new_int_var(0, period - 1, f"phase_{name}")
+            lap[key] = model.new_int_var(0, wraps, f"lap_{name}")
+            model.add(offset[key] == lap[key] * period + phase[key])
+            intervals[key] = [
+                model.new_fixed_size_interval_var(phase[key], dur[kind][s], f"slot_{name}"),
+                model.new_fixed_size_interval_var(phase[key] + period, dur[kind][s], f"next_slot_{name}"),
+            ]
+    latency = model.new_int_var(0, latency_cap + max(dur["W"]), "latency")
+    lifespans = []  # memory * time each activation piece is held
+
+    # --- constraints ------------------------------------------------------------------
+    model.add(offset[("F", 0)] == 0)
+    for s in range(S):
+        if s > 0:
+            model.add(offset[("F", s)] >= offset[("F", s - 1)] + dur["F"][s - 1] + comm[s - 1])
+        if s == S - 1:
+            model.add(offset[("B", s)] >= offset[("F", s)] + dur["F"][s])
+        else:
+            model.add(offset[("B", s)] >= offset[("B", s + 1)] + dur["B"][s + 1] + comm[s])
+        model.add(offset[("W", s)] >= offset[("B", s)] + dur["B"][s])
+        for kind in KINDS:
+            model.add(latency >= offset[(kind, s)] + dur[kind][s])
+    for d in range(problem.num_devices):
+        stages = [s for s in range(S) if dev[s] == d]
+        model.add_no_overlap([iv for s in stages for kind in KINDS for iv in intervals[(kind, s)]])
+        # The exact steady-state usage (modular counting of microbatches in flight) made
+        # the search far slower in trials, so memory enters through the lifespans: by
+        # Little's law their sum over T is the device's average usage. The caller keeps a
+        # pattern only when its unrolled order fits the limit, trying longer periods.
+        for s in stages:
+            for kind in ("B", "W"):
+                amount = -tables.memory[kind][s]
+                if amount > 0:
+                    lifespans.append(amount * (offset[(kind, s)] + dur[kind][s] - offset[("F", s)]))
+
+    # --- objective --------------------------------------------------------------------
+    model.minimize(latency + sum(lifespans))
+
+    # --- solve ------------------------------------------------------------------------
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, time_limit)
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    status, interrupted = _solve_interruptibly(solver, model, None)
+    if interrupted:
+        raise KeyboardInterrupt
+
+    # --- read the solution ------------------------------------------------------------
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return {key: solver.value(var) for key, var in offset.items()}
+
+
+def unroll(problem: Problem, offsets: dict[tuple[str, int], int], period: int) -> list[list[Op]]:
+    """Per-device orders of the pattern repeated for every microbatch."""
+    timed: list[list[tuple[int, Op]]] = [[] for _ in range(problem.num_devices)]
+    device = problem.tables().device
+    for (kind, s), o in offsets.items():
+        for i in range(problem.num_microbatches):
+            timed[device[s]].append((o + i * period, Op(kind, s, i)))
+    return [[op for _, op in sorted(ops, key=lambda x: x[0])] for ops in timed]
+
+
+def periodic_orders(
+    problem: Problem,
+    tables: IntegerTables,
+    *,
+    deadline: float,
+    seed: int = 0,
+    threads: int = 2,
+    per_period: float = 2.0,
+    fits: Callable[[list[list[Op]]], bool] = lambda orders: True,
+) -> list[tuple[str, list[list[Op]]]]:
+    """Unrolled patterns (name, orders), shortest period first, up to the first that `fits`."""
+    if not applicable(problem):
+        return []
+    dev = tables.device
+    work = [0] * problem.num_devices
+    for s in range(problem.num_stages):
+        work[dev[s]] += sum(tables.duration[k][s] for k in KINDS)
+    busiest = max(work)
+    found = []
+    tried = set()
+    for step in PERIOD_STEPS:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        period = math.ceil(busiest * step)
+        if period in tried:
+            continue
+        tried.add(period)
+        offsets = solve_period(problem, tables, period, time_limit=min(left, per_period), seed=seed, threads=threads)
+        if offsets is not None:
+            orders = unroll(problem, offsets, period)
+            found.append((f"periodic(T={period / tables.time_scale:.4g})", orders))
+            if fits(orders):
+                break
+    return found
