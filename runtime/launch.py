@@ -104,11 +104,16 @@ def run_here(job: Job, backend: str = "gloo", threads: int | None = None) -> dic
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = rank_device(backend, int(os.environ.get("LOCAL_RANK", rank)))
     torch.set_num_threads(threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=job.timeout_s))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=job.timeout_s), device_id=_device_id(device))
     try:
         return job.execute(rank, world_size, device)
     finally:
         dist.destroy_process_group()
+
+
+def _device_id(device: torch.device) -> torch.device | None:
+    # Binding the process group to its GPU lets NCCL set up its communicator eagerly.
+    return device if device.type == "cuda" else None
 
 
 def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, threads: int, results: str) -> None:
@@ -118,7 +123,9 @@ def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, t
         device = rank_device(backend, rank)
         timeout = datetime.timedelta(seconds=job.timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=_device_id(device)
+        )
         result = job.execute(rank, world_size, device)
         path.write_bytes(pickle.dumps({"ok": True, "result": result}))
         dist.destroy_process_group()

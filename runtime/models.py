@@ -229,11 +229,3 @@ def load_model(name: str, num_stages: int) -> PipelineModel:
         raise InputError(f"model: {name} returned {len(built.stages)} stages, the schedule has {num_stages}")
     return built
 
-
-def parameter_count(stages: list[nn.Module]) -> int:
-    return sum(p.numel() for stage in stages for p in stage.parameters())
-
-
-def describe(config: GPTConfig) -> str:
-    return f"GPT {config.layers} layers, hidden {config.hidden}, {config.heads} heads, vocab {config.vocab}, seq {config.seq_len}"
-
