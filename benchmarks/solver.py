@@ -11,7 +11,7 @@ Zero Bubble paper's measurements (per transformer stage, in units of one forward
 two placements: linear (one stage per device) and V (two half-size chunks per device,
 so device 0 holds both the embedding and the loss chunk); and three memory limits,
 in units of one microbatch's activations of a device's share of the model:
-p/2 (V-Min's level), p (1F1B, ZB-H1, ZB-V) and 2p (every schedule fits).
+(p+4)//3 (V-Min's level), p (1F1B, ZB-H1, ZB-V) and 2p (every schedule fits).
 
 Each case gets `--time-limit` seconds (60 by default). The default run takes a fixed
 sample of 12 cases (about 13 minutes); `--full` runs all 192. Results go to
@@ -48,14 +48,14 @@ class Case:
     m: int
     profile: str  # "uniform" | "hetero"
     placement: str  # "linear" | "vshape"
-    limit_level: str  # "p/2" | "p" | "2p"
+    limit_level: str  # "vmin" | "p" | "2p"
 
     @property
     def name(self) -> str:
         return f"p{self.p}-m{self.m}-{self.profile}-{self.placement}-mem{self.limit_level}"
 
     def limit(self) -> float:
-        return {"p/2": self.p / 2, "p": float(self.p), "2p": 2.0 * self.p}[self.limit_level]
+        return {"vmin": float((self.p + 4) // 3), "p": float(self.p), "2p": 2.0 * self.p}[self.limit_level]
 
 
 def layer_factors(num_stages: int, profile: str) -> list[tuple[float, float, float]]:
@@ -99,20 +99,20 @@ def full_grid() -> list[Case]:
         for k in (2, 3, 4, 8)
         for profile in ("uniform", "hetero")
         for placement in ("linear", "vshape")
-        for level in ("p/2", "p", "2p")
+        for level in ("vmin", "p", "2p")
     ]
 
 
 SAMPLE = [
-    Case(4, 8, "uniform", "linear", "p/2"),
+    Case(4, 8, "uniform", "linear", "vmin"),
     Case(4, 16, "hetero", "linear", "p"),
-    Case(4, 8, "hetero", "vshape", "p/2"),
+    Case(4, 8, "hetero", "vshape", "vmin"),
     Case(4, 16, "uniform", "vshape", "2p"),
-    Case(8, 16, "hetero", "linear", "p/2"),
+    Case(8, 16, "hetero", "linear", "vmin"),
     Case(8, 32, "uniform", "vshape", "p"),
-    Case(8, 24, "hetero", "vshape", "p/2"),
+    Case(8, 24, "hetero", "vshape", "vmin"),
     Case(16, 32, "hetero", "linear", "p"),
-    Case(16, 64, "uniform", "vshape", "p/2"),
+    Case(16, 64, "uniform", "vshape", "vmin"),
     Case(32, 64, "hetero", "vshape", "p"),
     Case(32, 256, "uniform", "linear", "2p"),
     Case(32, 256, "hetero", "linear", "p"),
