@@ -99,7 +99,7 @@ def make_solver(name: str, time_limit: float, threads: int):
         return pulp.getSolver(name, msg=False, timeLimit=time_limit)
 
 
-def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "cbc", threads: int = 1) -> MilpResult:
+def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "cbc", threads: int = 1, seed: int = 0) -> MilpResult:
     """Minimize the makespan of `sub` with a big-M MILP."""
     # --- data -------------------------------------------------------------------------
     n = len(sub.ops)
@@ -167,7 +167,7 @@ def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "
     backend = make_solver(solver, max(1.0, time_limit), threads)
     began = time.perf_counter()
     if backend is _HIGHS_IN_ITS_OWN_PROCESS:
-        proven, bound, interrupted = _solve_with_highs_worker(model, max(1.0, time_limit), threads)
+        proven, bound, interrupted = _solve_with_highs_worker(model, max(1.0, time_limit), threads, seed)
     else:
         proven, bound, interrupted = _solve_with_pulp(model, backend, solver)
     seconds = time.perf_counter() - began
@@ -195,14 +195,14 @@ def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | 
     return model.sol_status == pulp.LpSolutionOptimal, 0.0, False
 
 
-def _solve_with_highs_worker(model: pulp.LpProblem, time_limit: float, threads: int) -> tuple[bool | None, float, bool]:
+def _solve_with_highs_worker(model: pulp.LpProblem, time_limit: float, threads: int, seed: int) -> tuple[bool | None, float, bool]:
     """Solve through highs_worker.py in a fresh interpreter (see its doc for why)."""
     worker = Path(__file__).with_name("highs_worker.py")
     with tempfile.TemporaryDirectory(prefix="pipesched-highs-") as folder:
         mps, start_file, out = (Path(folder) / name for name in ("model.mps", "start.json", "out.json"))
         model.writeMPS(str(mps))
         start = {v.name: v.varValue for v in model.variables() if v.varValue is not None}
-        start_file.write_text(json.dumps({"time_limit": time_limit, "threads": threads, "seed": 0, "start": start}))
+        start_file.write_text(json.dumps({"time_limit": time_limit, "threads": threads, "seed": seed, "start": start}))
         process = subprocess.Popen([sys.executable, str(worker), str(mps), str(start_file), str(out)])
         try:
             process.wait()

@@ -37,14 +37,13 @@ class SubProblem:
     floor: int = 0  # makespan reached regardless of the free ops
     hint: list[int] | None = None  # start of each op in the incumbent
     index: dict[Op, int] = field(default_factory=dict)
+    transfer_slack: int = 0  # the most transfer time a one-op-at-a-time schedule can add
 
     def horizon(self) -> int:
         """A makespan no optimal solution exceeds: the hint's, or everything in sequence."""
         if self.hint is not None:
             return max([self.floor] + [s + d + q for s, d, q in zip(self.hint, self.duration, self.tail)])
-        return max(self.floor, max(self.release, default=0) + sum(self.duration) + max(self.tail, default=0)) + self.comm_slack
-
-    comm_slack: int = 0
+        return max(self.floor, max(self.release, default=0) + sum(self.duration) + max(self.tail, default=0)) + self.transfer_slack
 
     def orders_from_starts(self, starts: Sequence[int]) -> list[list[Op]]:
         """The free ops of each device sorted by start time."""
@@ -113,7 +112,7 @@ def full_subproblem(
         hint=starts,
         index=index,
     )
-    sub.comm_slack = tables.comm * 2 * S * m
+    sub.transfer_slack = tables.comm * 2 * S * m
     return sub
 
 
