@@ -95,6 +95,7 @@ def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> No
         hint = simulate_times(tick_problem(problem, tables), canonical(tracker.best.order()))
     sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
     tracker.models_ran = True
+    tracker.report(f"milp, {tables.describe()}")  # says whether the time grid is exact
     result = solve_milp_subproblem(sub, time_limit=max(1.0, tracker.left()), solver=options.solver, threads=options.threads, seed=options.seed)
     label = f"milp({options.solver})"
     if result.starts is not None:

@@ -69,6 +69,7 @@ def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
     scale = tables.time_scale
     tracker.models_ran = True
+    tracker.report(f"cpsat, {tables.describe()}")  # says whether the time grid is exact
 
     def on_solution(value: int, bound: int) -> None:
         tracker.report("cpsat", incumbent=value / scale)
