@@ -128,9 +128,11 @@ def solve(
 ) -> None:
     """Build a schedule with the optimizer (auto, cpsat, milp) or a schedule family.
 
-    The optimizer shows elapsed time, incumbent, bound and gap on stderr while it runs;
-    Ctrl-C stops it and writes the best schedule so far. Exit 3: no schedule can fit
-    the memory limit (the message says the smallest limit that fits).
+    The optimizer shows elapsed time, incumbent, bound and gap on stderr while it runs.
+
+    Ctrl-C stops it and writes the best schedule so far.
+
+    Exit 3: no schedule fits the memory limit (the message names the smallest limit that fits).
     """
     from optimizer.errors import InfeasibleError
 
@@ -223,7 +225,7 @@ class _ProgressLine:
 @user_errors
 def pareto(
     problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to sweep (its memory limit is replaced)."),
-    limits: str = typer.Option(..., help="Memory limits A:B:STEP (same unit as the problem's memory)."),
+    limits: str = typer.Option(..., help="Memory limits LOW:HIGH:STEP, e.g. 2:8:0.5 (the problem's memory unit)."),
     time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="Seconds per limit."),
     output: Path = typer.Option(..., "--output", "-o", help="Curve JSON to write."),
     plot: Optional[Path] = typer.Option(None, help="Also draw the curve as SVG here."),
@@ -279,23 +281,30 @@ def _print_metrics(schedule: Schedule, as_json: bool) -> None:
         print(metrics_line(schedule))
 
 
-def comparison_rows(problem: Problem) -> list[dict]:
-    """One row per applicable schedule family, best first."""
+def comparison_rows(problem: Problem, extra: dict[str, Schedule] | None = None) -> list[dict]:
+    """One row per applicable schedule family (and per `extra` schedule), best fitting first.
+
+    A family that could build nothing within the memory limit gets a row with its reason
+    in `note` and no numbers.
+    """
     from optimizer.schedules import generate_all
 
-    rows = []
-    for name, schedule in generate_all(problem).items():
-        rows.append(
-            {
-                "method": name,
-                "makespan": schedule.metrics.makespan,
-                "bubble_ratio": schedule.metrics.bubble_ratio,
-                "peak_memory": max(schedule.metrics.peak_memory),
-                "fits_memory": schedule.fits_memory(),
-            }
-        )
+    schedules, refused = generate_all(problem)
+    rows = [_row(name, schedule) for name, schedule in {**schedules, **(extra or {})}.items()]
     rows.sort(key=lambda row: (not row["fits_memory"], row["makespan"]))
+    for name, reason in refused.items():
+        rows.append({"method": name, "makespan": None, "bubble_ratio": None, "peak_memory": None, "fits_memory": False, "note": reason})
     return rows
+
+
+def _row(name: str, schedule: Schedule) -> dict:
+    return {
+        "method": name,
+        "makespan": schedule.metrics.makespan,
+        "bubble_ratio": schedule.metrics.bubble_ratio,
+        "peak_memory": max(schedule.metrics.peak_memory),
+        "fits_memory": schedule.fits_memory(),
+    }
 
 
 def print_comparison(rows: list[dict], title: str) -> None:
@@ -303,6 +312,9 @@ def print_comparison(rows: list[dict], title: str) -> None:
     for column, justify in (("method", "left"), ("makespan", "right"), ("bubble", "right"), ("peak memory", "right"), ("fits limit", "center")):
         table.add_column(column, justify=justify)
     for row in rows:
+        if row["makespan"] is None:
+            table.add_row(row["method"], "-", "-", "-", "[red]no[/red]")
+            continue
         table.add_row(
             row["method"],
             f"{row['makespan']:.6g}",
@@ -311,6 +323,9 @@ def print_comparison(rows: list[dict], title: str) -> None:
             "yes" if row["fits_memory"] else "[red]no[/red]",
         )
     stdout_console().print(table)
+    for row in rows:
+        if row.get("note"):
+            print(f"{row['method']}: {row['note']}")
 
 
 @app.command()

@@ -80,6 +80,29 @@ def test_compare_lists_each_family_with_fit(tmp_path):
     assert rows["1f1b"]["peak_memory"] == 2
 
 
+def test_compare_keeps_hand_schedules_when_no_schedule_fits(tmp_path):
+    # vshape: each device holds two stages of 0.5, so one microbatch in flight needs 1 > 0.5.
+    problem = uniform_problem(4, 8, placement="vshape", mem_forward=0.5, memory_limit=0.5)
+    path = write(tmp_path, "tight.json", problem.model_dump(mode="json"))
+    result = invoke("compare", path, "--json")
+    assert result.exit_code == 0, result.output
+    rows = {row["method"]: row for row in json.loads(result.stdout)}
+    assert rows["zb-v"]["makespan"] is not None and not rows["zb-v"]["fits_memory"]
+    assert rows["greedy"]["makespan"] is None and "smallest limit that fits is 1" in rows["greedy"]["note"]
+
+
+def test_demo_writes_a_solved_schedule_no_worse_than_any_fitting_family(tmp_path, capsys):
+    from optimizer.demo import example_problem, main
+    from optimizer.schedules import generate_all
+
+    main(tmp_path, time_limit=3.0)
+    solved = load_schedule(tmp_path / "schedule.json")  # loading re-validates
+    assert (tmp_path / "schedule.svg").read_text().startswith("<svg")
+    fitting = [s.makespan for s in generate_all(example_problem())[0].values() if s.fits_memory()]
+    assert solved.makespan <= min(fitting) + 1e-9
+    assert "auto" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "mutate, expected",
     [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optimizer.errors import InputError
+from optimizer.errors import InfeasibleError, InputError
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import (
@@ -47,6 +47,17 @@ def applicable(problem: Problem) -> list[Generator]:
     return [g for g in GENERATORS.values() if g.unsupported(problem) is None]
 
 
-def generate_all(problem: Problem) -> dict[str, Schedule]:
-    """Every applicable family's schedule, keyed by name (memory limit not enforced)."""
-    return {g.name: simulate(problem, g.build(problem), method=g.name) for g in applicable(problem)}
+def generate_all(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:
+    """Every applicable family's schedule keyed by name, and why any family built none.
+
+    Hand-made families ignore the memory limit (their schedules may exceed it); a
+    memory-aware family that cannot fit the limit is listed with its reason instead.
+    """
+    schedules: dict[str, Schedule] = {}
+    refused: dict[str, str] = {}
+    for g in applicable(problem):
+        try:
+            schedules[g.name] = simulate(problem, g.build(problem), method=g.name)
+        except InfeasibleError as error:
+            refused[g.name] = str(error)
+    return schedules, refused
