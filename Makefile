@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 $(BIN)/pipesched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q $(TORCH_PIN)
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(BIN)/pipesched
 

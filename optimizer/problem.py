@@ -141,17 +141,32 @@ class Problem(_Strict):
         )
 
     def min_memory_limit(self) -> list[float]:
-        """Per device, the least limit under which any schedule exists.
+        """Per device, the least limit under which any schedule exists: one microbatch's peak there.
 
-        A microbatch's activation on a stage lives from its F to its B/W, and every later
-        stage's F of that microbatch happens in between; so a device must hold at least
-        one forward allocation of each of its stages at once. Running microbatches one at
-        a time reaches exactly that, so the bound is tight.
+        A microbatch's activation on a stage lives from its F to its B/W, and the later
+        stages' ops of that microbatch happen in between, so the device must hold the peak
+        of one microbatch's own trajectory (`one_microbatch_peaks`); running microbatches
+        one at a time reaches exactly that. It is the sum of the forward allocations when
+        B's free memory, more when a B allocates (held until its W).
         """
-        need = [0.0] * self.num_devices
-        for stage in self.stages:
-            need[stage.device] += stage.memory.forward
-        return need
+        tables = self.tables()
+        return [one_microbatch_peaks(tables, self.stages_on(d))[0] for d in range(self.num_devices)]
+
+
+def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
+    """Memory one microbatch can still add on a device after its first k F's and B's there.
+
+    Its ops on the device's `stages` follow the F's in stage order, then the B's in reverse
+    stage order (the only order the dependencies allow), each W counted right after its B
+    (the earliest it can free). Entry 0 is the microbatch's peak on the device.
+    """
+    steps = [(tables.mem_forward[s], 0.0) for s in stages]
+    steps += [(tables.mem_backward_input[s], tables.mem_backward_weight[s]) for s in reversed(stages)]
+    peaks = [0.0] * (len(steps) + 1)
+    for k in range(len(steps) - 1, -1, -1):
+        first, then = steps[k]
+        peaks[k] = max(0.0, first + max(0.0, then + peaks[k + 1]))
+    return peaks
 
 
 def vshape_devices(p: int) -> list[int]:

@@ -53,6 +53,9 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
 
     for d, ops in enumerate(devices):
         usage, limit = 0.0, tables.limit[d]
+        # One line per device for memory: the first op that overflows, the peak and how long it lasts.
+        first_over: tuple[Op, float] | None = None
+        peak, ops_over = 0.0, 0
         previous: TimedOp | None = None
         for op in ops:
             expected = op_duration(tables, op.kind, op.stage)
@@ -72,8 +75,14 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
                     )
             usage += op_memory(tables, op.kind, op.stage)
             if usage > limit + _slack(limit):
-                violations.append(f"memory: device {d} holds {usage:g} > limit {limit:g} after {op.op}")
+                first_over = first_over or (op.op, usage)
+                peak, ops_over = max(peak, usage), ops_over + 1
             previous = op
+        if first_over is not None:
+            op, held = first_over
+            violations.append(
+                f"memory: device {d} holds {held:g} > limit {limit:g} after {op} (peak {peak:g}; over the limit after {ops_over} op(s))"
+            )
     return violations
 
 

@@ -193,6 +193,16 @@ def test_memory_limit_below_one_microbatch_is_infeasible_and_names_the_smallest_
         solve(problem, "auto", SolveOptions(time_limit=5))
 
 
+def test_allocating_backward_raises_the_smallest_limit_and_it_is_solved():
+    # B allocates 0.25 (held until W): one microbatch alone peaks at 1 + 0.25 on each device.
+    base = uniform_problem(3, 4, 1.0, 1.0, 0.5, mem_forward=1.0, mem_backward_input=0.25)
+    with pytest.raises(InfeasibleError, match="smallest limit that fits is 1.25"):
+        solve(base.model_copy(update={"memory_limit": 1.2}), "auto", SolveOptions(time_limit=5))
+    schedule = solve(base.model_copy(update={"memory_limit": 1.25}), "auto", SolveOptions(time_limit=5))
+    assert_valid(schedule)
+    assert max(schedule.metrics.peak_memory) <= 1.25 + 1e-9
+
+
 def test_smallest_limit_is_feasible_and_solved():
     problem = zb_problem(4, 4, placement="vshape", limit=2.0)
     schedule = solve(problem, "auto", SolveOptions(time_limit=5))

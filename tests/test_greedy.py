@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from optimizer.errors import InfeasibleError
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedules import generate
-from optimizer.schedules.greedy import least_memory
 from optimizer.validate import validate
 
 
@@ -65,7 +64,7 @@ def memory_problems(draw, allocating_backward: bool = False) -> Problem:
     # From exactly the least workable limit up to generous; 1e-3 where a device holds
     # only zero-size activations (limits must be positive).
     factors = draw(st.lists(st.sampled_from([1.0, 1.0, 1.25, 2.0, 4.0]), min_size=p, max_size=p))
-    return with_limit(problem, [max(1e-3, need * f) for need, f in zip(least_memory(problem), factors)])
+    return with_limit(problem, [max(1e-3, need * f) for need, f in zip(problem.min_memory_limit(), factors)])
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -77,14 +76,14 @@ def test_never_over_the_limit_never_deadlocked(problem):
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(memory_problems(allocating_backward=True))
 def test_safe_when_backward_allocates(problem):
-    # A B that allocates holds its memory until its W: the least limit is then above
-    # Problem.min_memory_limit(), and the scheduler must still fit it exactly.
+    # A B that allocates holds its memory until its W: the least limit is then above the
+    # forward allocations, and the scheduler must still fit it exactly.
     greedy_schedule(problem)
 
 
-def test_least_memory_is_min_memory_limit_when_backward_frees():
+def test_min_memory_limit_is_the_forward_allocations_when_backward_frees():
     problem = uniform_problem(4, 8, placement="vshape", mem_forward=0.5, mem_backward_input=-0.2)
-    assert least_memory(problem) == pytest.approx(problem.min_memory_limit())
+    assert problem.min_memory_limit() == pytest.approx([1.0] * 4)  # two chunks of 0.5 per device
 
 
 @pytest.mark.parametrize("placement", ["linear", "vshape", "interleaved:2"])
@@ -107,7 +106,7 @@ def test_runs_at_exactly_the_minimum_limit(placement):
 )
 def test_limit_below_one_microbatch_is_infeasible(placement, backward, device, smallest):
     problem = uniform_problem(4, 8, placement=placement, mem_forward=0.5, mem_backward_input=backward)
-    need = least_memory(problem)
+    need = problem.min_memory_limit()
     assert need[device] == pytest.approx(smallest)
     limits = [x * 2 for x in need]
     limits[device] = need[device] * 0.99

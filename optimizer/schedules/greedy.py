@@ -27,8 +27,8 @@ is the oldest unfinished microbatch of the whole problem, nothing older holds me
 so every op of j fits; its ops are also first in each stage's microbatch order, no
 heuristic wait ever holds them, and its W's are runnable, so it always progresses and
 the run always finishes. One microbatch alone must fit, so the least workable limit is
-its peak on each device: `Problem.min_memory_limit()` when B's free memory (the usual
-case); below that no schedule exists and InfeasibleError says so.
+its peak on each device, `Problem.min_memory_limit()`; below that no schedule exists
+and InfeasibleError says so.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from optimizer.errors import InfeasibleError
-from optimizer.problem import Problem
+from optimizer.problem import Problem, one_microbatch_peaks
 from optimizer.schedule import Op, op_duration
 from optimizer.schedules.registry import Generator, Orders, any_problem
 
@@ -122,43 +122,16 @@ def knob_grid(problem: Problem) -> tuple[Knobs, ...]:
     return grid[: max(len(MULTI_STAGE_GRID), len(grid) * _FULL_GRID_OPS // ops)]
 
 
-def least_memory(problem: Problem) -> list[float]:
-    """Per device, the peak of one microbatch run alone: the least limit any schedule needs.
-
-    Equal to `Problem.min_memory_limit()` when B's free memory; higher when a B allocates
-    (its memory is held until its W).
-    """
-    tables = problem.tables()
-    floor = problem.min_memory_limit()
-    return [max(floor[d], _trajectory_peaks(tables, problem.stages_on(d))[0]) for d in range(problem.num_devices)]
-
-
 def check_memory_feasible(problem: Problem) -> None:
     """Raise InfeasibleError naming the first device whose limit cannot hold one microbatch."""
     tables = problem.tables()
-    for d, need in enumerate(least_memory(problem)):
+    for d, need in enumerate(problem.min_memory_limit()):
         limit = tables.limit[d]
         if limit < need - _REL_TOLERANCE * max(1.0, need):
             raise InfeasibleError(
                 f"memory: device {d} limit {limit:g} is below {need:g}, the activations of one "
                 f"microbatch on its stages; the smallest limit that fits is {need:g}"
             )
-
-
-def _trajectory_peaks(tables, stages: list[int]) -> list[float]:
-    """After k F's and B's of one microbatch on a device, the most its remaining ops can add.
-
-    Its ops there follow F's in stage order, then B's in reverse stage order (the only
-    order the dependencies allow), each W counted right after its B. Entry 0 is the
-    least memory the device needs: one microbatch run alone.
-    """
-    steps = [(tables.mem_forward[s], 0.0) for s in stages]
-    steps += [(tables.mem_backward_input[s], tables.mem_backward_weight[s]) for s in reversed(stages)]
-    peaks = [0.0] * (len(steps) + 1)
-    for k in range(len(steps) - 1, -1, -1):
-        first, then = steps[k]
-        peaks[k] = max(0.0, first + max(0.0, then + peaks[k + 1]))
-    return peaks
 
 
 def _op_time(tables, op: Op) -> float:
@@ -286,7 +259,7 @@ class _ListScheduler:
         self.memory = [
             _DeviceMemory(
                 t.limit[d],
-                _trajectory_peaks(t, self.stages_on[d]),
+                one_microbatch_peaks(t, self.stages_on[d]),
                 3 * len(self.stages_on[d]),
                 any(t.mem_backward_input[s] > 0 or t.mem_backward_weight[s] > 0 for s in self.stages_on[d]),
                 sum(max(0.0, t.mem_backward_weight[s]) for s in self.stages_on[d]),
