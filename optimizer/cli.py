@@ -33,6 +33,14 @@ app = typer.Typer(
 Command = TypeVar("Command", bound=Callable)
 
 
+def families_epilog() -> str:
+    """The schedule families with one line each, for the help of `solve` and `compare`."""
+    from optimizer.schedules import GENERATORS
+
+    lines = [f"{name}: {generator.summary}." for name, generator in GENERATORS.items()]
+    return "Schedule families:\n\n" + "\n\n".join(lines)
+
+
 def user_errors(command: Command) -> Command:
     """Report PipeschedError as one line on stderr with its exit code, never a traceback."""
 
@@ -112,7 +120,7 @@ def problem(
     print(f"wrote {output}: {built.num_devices} devices, {built.num_stages} stages, {built.num_microbatches} microbatches")
 
 
-@app.command()
+@app.command(epilog=families_epilog())
 @user_errors
 def solve(
     problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to solve."),
@@ -328,7 +336,7 @@ def print_comparison(rows: list[dict], title: str) -> None:
             print(f"{row['method']}: {row['note']}")
 
 
-@app.command()
+@app.command(epilog=families_epilog())
 @user_errors
 def compare(
     problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to compare schedules on."),

@@ -213,3 +213,15 @@ def test_problem_command_rejects_bad_options(tmp_path):
     assert result.exit_code == 2
     assert "placement: 'zigzag' is not one of" in one_error_line(result)
     assert not out.exists()
+
+
+def test_help_lists_every_family_with_its_summary():
+    from optimizer.schedules import GENERATORS
+
+    for command in ("solve", "compare"):
+        result = invoke(command, "--help")
+        assert result.exit_code == 0
+        text = " ".join(result.output.split())  # help is wrapped to the terminal width
+        for name in GENERATORS:
+            assert f"{name}: " in text, (command, name)
+        assert "F&B overlap is not modelled" in text

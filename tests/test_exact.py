@@ -216,8 +216,9 @@ def test_time_limit_is_respected():
     schedule = solve(problem, "auto", SolveOptions(time_limit=2))
     elapsed = time.monotonic() - began
     assert_valid(schedule)
-    # Generous slack: one CP-SAT window may overrun its share a little on a busy machine.
-    assert elapsed < 2 + 8
+    # The solver stops within 1 s of its limit (measured: 0.0-0.9 s over, up to p=32,
+    # m=256); one more second absorbs a loaded test machine.
+    assert elapsed < 2 + 1 + 1
 
 
 def test_interrupt_returns_the_best_so_far():

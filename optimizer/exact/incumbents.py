@@ -51,6 +51,10 @@ def generator_candidates(problem: Problem, deadline: float | None = None) -> tup
     """
     found, failed = [], {}
     for generator in applicable(problem):
+        if deadline is not None and time.monotonic() >= deadline:
+            # Not started at all: a thread left running would slow the solver down (GIL).
+            failed[generator.name] = "not run: the solver's time for known schedules had run out"
+            continue
         outcome: dict[str, object] = {}
         done = threading.Event()
 

@@ -44,14 +44,14 @@ GENERATOR_SHARE = 0.4
 def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     """Offer every generator and list-scheduler policy to the tracker; return them all.
 
-    The first list-scheduler policy always runs, so there is a schedule that fits
-    whenever one exists, however short the time limit.
+    When no known schedule fits, the first list-scheduler policy runs even past the time
+    limit, so there is a schedule that fits whenever one exists, however short the limit.
     """
     found, _ = generator_candidates(problem, deadline=tracker.began + GENERATOR_SHARE * tracker.time_limit)
     for c in found:
         tracker.offer(c.schedule, c.name)
-    for k, policy in enumerate(policies()):
-        if k > 0 and tracker.left() <= 0:
+    for policy in policies():
+        if tracker.left() <= 0 and tracker.best is not None:
             break
         orders = list_schedule(problem, policy)
         if orders is not None:
