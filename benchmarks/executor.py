@@ -2,13 +2,15 @@
 
 For each placement the schedule families need (linear, interleaved:2, vshape), it
 profiles the example model on the same ranks (`pipesched profile`) and builds each
-family's schedule from it; then runs, in one process group and one step of each in
+family's schedule from it (on the linear placement also the optimizer's `auto` schedule,
+solved from that profile); then runs, in one process group and one step of each in
 turn, every schedule with our executor, the same model and split under
 torch.distributed.pipelining's corresponding schedule, and the profiler's orders. The
 prediction is the simulator's makespan of the schedule's order on the problem profiled
 alongside the runs (BW ops timed with the profiled fused backward, as they run), so a
 burst of load elsewhere on the machine hits measurement and prediction alike. A step's time is from the ranks leaving a barrier to the last rank ending
-its ops (sends done); the optimizer update is outside it on both sides.
+its ops (sends done); the optimizer update is outside it on both sides. Last, how much
+of the gain over 1f1b that the simulator predicts for `auto` the run realizes.
 
     python benchmarks/executor.py                     # 2 ranks x 1 thread on CPU (gloo)
     python benchmarks/executor.py --backend nccl --devices 8
@@ -19,7 +21,6 @@ Prints a table and writes benchmarks/results/executor.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -40,6 +41,7 @@ TORCH_PEERS = {
     "zb-v": "ScheduleZBVZeroBubble",
     "dualpipe-v": "ScheduleDualPipeV",
 }
+SPLIT_1F1B = "1f1b, split B/W"
 PLACEMENT_FAMILIES = {
     "linear": ["gpipe", "1f1b", "zb-h1", "zb-h2"],
     "interleaved:2": ["interleaved-1f1b"],
@@ -257,6 +259,7 @@ def main() -> None:
         "--model", default="example:layers=8,hidden=128,heads=4,vocab=512,seq_len=64,batch_size=4"
     )
     parser.add_argument("--steps", type=int, default=25, help="measured steps of each run (after 3 warm-up steps)")
+    parser.add_argument("--solve-seconds", type=float, default=10.0, help="time limit of the `auto` schedule (0: skip it)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "executor.json")
     args = parser.parse_args()
 
@@ -264,6 +267,9 @@ def main() -> None:
 
     rank_context()  # the rank server imports torch while we do
 
+    from optimizer.exact import SolveOptions, solve
+    from optimizer.exact.canonical import split_fused
+    from optimizer.io import write_json_atomic
     from optimizer.problem import Problem
     from optimizer.schedules import GENERATORS, generate
     from runtime.launch import launch
@@ -287,6 +293,11 @@ def main() -> None:
                 schedules[family] = generate(problem, family)
             else:
                 print(f"skip {family}: {reason}", file=sys.stderr)
+        if placement == "linear" and args.solve_seconds > 0:
+            # 1f1b with each fused backward run as B then W: the same ops as `auto`, so
+            # the two differ only in their order (the split's own cost is the same).
+            schedules[SPLIT_1F1B] = simulate(problem, split_fused(schedules["1f1b"].order()), method=SPLIT_1F1B)
+            schedules["auto"] = solve(problem, "auto", SolveOptions(time_limit=args.solve_seconds))
         job = BenchJob(
             {f: s.to_json() for f, s in schedules.items()},
             args.model, args.devices, args.microbatches, placement, args.steps, warmup=3,
@@ -321,6 +332,10 @@ def main() -> None:
             print(f"{family}: ours {ours:.1f} ms, predicted {predicted:.1f} ms, torch {peer or float('nan'):.1f} ms", file=sys.stderr)
 
     print_table(rows, args)
+    gain = solved_gain(rows)
+    if gain:
+        print()
+        print_gain(gain)
     print(f"\nload average (1 min) at start {load_at_start[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     overhead = split_overhead(args.model, args.devices, args.microbatches, "cuda" if args.backend == "nccl" else "cpu", args.threads)
     print_overhead(overhead)
@@ -339,8 +354,40 @@ def main() -> None:
         "load_average_at_end": os.getloadavg(),
         "step_time": "median over steps of the slowest rank, barrier to last op and sends done; optimizer update excluded",
     }
-    args.output.write_text(json.dumps({"setup": setup, "rows": rows, "split_backward": overhead}, indent=1) + "\n")
+    write_json_atomic(args.output, {"setup": setup, "rows": rows, "split_backward": overhead, "solved_gain": gain})
     print(f"wrote {args.output}")
+
+
+def solved_gain(rows: list[dict]) -> dict | None:
+    """How much of the gain over 1f1b that the simulator predicts for `auto` shows up when run.
+
+    Against 1f1b with its backward split (same ops, other order: the scheduling gain) and
+    against 1f1b as it runs, fused (what a user gets, the split's cost included).
+    """
+    by_name = {r["schedule"]: r for r in rows if r["placement"] == "linear"}
+    if "auto" not in by_name:
+        return None
+    gains = {}
+    for baseline in (SPLIT_1F1B, "1f1b"):
+        if baseline not in by_name:
+            continue
+        predicted = by_name[baseline]["predicted_ms"] - by_name["auto"]["predicted_ms"]
+        measured = by_name[baseline]["measured_ms"] - by_name["auto"]["measured_ms"]
+        gains[baseline] = {
+            "predicted_ms": predicted,
+            "measured_ms": measured,
+            "realized_share": measured / predicted if predicted > 0 else None,
+        }
+    return gains
+
+
+def print_gain(gains: dict) -> None:
+    for baseline, gain in gains.items():
+        share = f"{gain['realized_share']:.0%}" if gain["realized_share"] is not None else "n/a (no predicted gain)"
+        print(
+            f"auto against {baseline}: gain predicted {gain['predicted_ms']:+.1f} ms, measured {gain['measured_ms']:+.1f} ms; "
+            f"realized share of the predicted gain: {share}"
+        )
 
 
 def print_table(rows: list[dict], args) -> None:
