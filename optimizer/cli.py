@@ -1,4 +1,4 @@
-"""The `pipesched` command line (typer): problem, solve, compare, validate, show.
+"""The `pipesched` command line (typer): problem, solve, pareto, compare, validate, show.
 
 Every command turns a PipeschedError into one line on stderr and its exit code (2 for
 bad input), and writes its outputs atomically. The runtime adds `run` and `profile` to

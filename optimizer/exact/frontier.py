@@ -1,6 +1,6 @@
 """Memory against speed: solve one problem under a sweep of memory limits.
 
-Each limit of A:B:STEP is solved with `auto` (the time limit applies per point); every
+Each limit of LOW:HIGH:STEP is solved with `auto` (the time limit applies per point); every
 known schedule is placed beside the curve at the peak memory it needs. Limits below
 what one microbatch needs are reported as infeasible points, not errors.
 """
@@ -62,21 +62,21 @@ class ParetoCurve:
 
 
 def parse_limits(text: str) -> list[float]:
-    """"A:B:STEP" -> [A, A+STEP, ..., <= B]; a single number is one limit."""
+    """"LOW:HIGH:STEP" -> [LOW, LOW+STEP, ..., <= HIGH]; a single number is one limit."""
     parts = text.split(":")
     try:
         values = [float(part) for part in parts]
     except ValueError:
-        raise InputError(f"limits: '{text}' is not A:B:STEP with numbers") from None
+        raise InputError(f"limits: '{text}' is not LOW:HIGH:STEP with numbers") from None
     if len(values) == 1:
         start = stop = values[0]
         step = 1.0
     elif len(values) == 3:
         start, stop, step = values
     else:
-        raise InputError(f"limits: '{text}' is not A:B:STEP")
+        raise InputError(f"limits: '{text}' is not LOW:HIGH:STEP")
     if start <= 0 or step <= 0 or stop < start:
-        raise InputError(f"limits: '{text}' needs 0 < A <= B and STEP > 0")
+        raise InputError(f"limits: '{text}' needs 0 < LOW <= HIGH and STEP > 0")
     count = int((stop - start) / step + 1e-9) + 1
     if count > 1000:
         raise InputError(f"limits: '{text}' gives {count} limits; use a larger STEP")
