@@ -106,12 +106,19 @@ def profile(
     backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
     timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
+    memory_limit: Optional[float] = typer.Option(
+        None, "--memory-limit", min=0.0, help="Activation memory per device in GiB, written into the problem; default unlimited."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the problem as JSON too."),
 ) -> None:
-    """Measure per-stage F, B, W times, memory changes and transfer time; write a problem for `solve`."""
+    """Measure per-stage F, B, W times, memory changes and transfer time; write a problem for `solve`.
+
+    Memory is the activations a device holds for backward, in GiB: leave out the weights
+    and optimizer state when you pick --memory-limit.
+    """
     _start_rank_server()
-    from optimizer.io import write_json_atomic
-    from optimizer.problem import placement_devices
+    from optimizer.io import validate_model, write_json_atomic
+    from optimizer.problem import Problem, placement_devices
     from runtime.launch import launch, run_here, under_torchrun
     from runtime.models import load_model
     from runtime.profile import ProfileJob
@@ -127,6 +134,9 @@ def profile(
     result = run_here(job, backend, threads) if under_torchrun() else launch(job, devices, backend, threads)
     if result is None:
         return
+    if memory_limit is not None:
+        # Checked before anything is written: a limit below one forward names the stage.
+        result["problem"] = validate_model(Problem, {**result["problem"], "memory_limit": memory_limit}, "profile").model_dump(mode="json")
     write_json_atomic(output, result["problem"])
     if as_json:
         print(json.dumps(result["problem"]))

@@ -22,9 +22,10 @@ def invoke(*args):
 
 def test_profile_solve_run_closes_the_loop(tmp_path):
     problem_path = tmp_path / "problem.json"
-    invoke("profile", "--model", MODEL, "--devices", 2, "--microbatches", 4, "--steps", 2, "--output", problem_path)
+    invoke("profile", "--model", MODEL, "--devices", 2, "--microbatches", 4, "--steps", 2, "--memory-limit", 1.5, "--output", problem_path)
     problem = load_problem(problem_path)
     assert problem.num_devices == 2 and problem.num_stages == 2 and problem.comm_time > 0
+    assert problem.memory_limit == 1.5
     for stage in problem.stages:
         assert stage.forward > 0 and stage.backward_input > 0 and stage.backward_weight > 0
         memory = stage.memory
@@ -51,3 +52,12 @@ def test_run_prints_a_readable_summary(tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("ran gpipe on 2 ranks (gloo), 2 stages, 2 microbatches: 1 steps")
     assert lines[-1].startswith("check passed: loss and ")
+
+
+def test_profile_refuses_a_memory_limit_below_one_forward(tmp_path):
+    output = tmp_path / "problem.json"
+    args = ["profile", "--model", MODEL, "--devices", 2, "--microbatches", 2, "--steps", 1, "--memory-limit", 1e-12, "--output", output]
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 2, result.output
+    assert "memory_limit: device 0 limit 1e-12 is below one forward of stage 0" in result.stderr
+    assert not output.exists()
