@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exact_brute_force import brute_force_optimum
+from optimizer.exact import SolveOptions, solve
 from optimizer.exact.bounds import jackson_preemptive, lower_bound
+from optimizer.exact.devicebound import DeviceRelaxation, device_subset_bound
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.listsched import list_schedule, policies
 from optimizer.problem import Problem, placement_devices, uniform_problem
@@ -58,14 +61,18 @@ def test_jackson_preemptive_schedule_on_a_textbook_instance():
 def test_bound_never_exceeds_any_valid_schedule(seed, p, m, placement, limit):
     problem = random_problem(random.Random(seed), p, m, placement, limit)
     bound = lower_bound(problem).value
+    for schedule in valid_schedules(problem):
+        assert bound <= schedule.makespan * (1 + 1e-9)
+
+
+def valid_schedules(problem: Problem) -> list:
+    """The generators' and the first list policies' schedules that fit the limit."""
     schedules = [c.schedule for c in generator_candidates(problem)[0] if c.fits]
     for policy in policies()[:4]:
         orders = list_schedule(problem, policy)
         if orders is not None:
             schedules.append(simulate(problem, orders))
-    for schedule in schedules:
-        if schedule.fits_memory():
-            assert bound <= schedule.makespan * (1 + 1e-9)
+    return [s for s in schedules if s.fits_memory()]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -93,3 +100,69 @@ def test_memory_bound_rises_as_the_limit_falls():
 def test_span_bound_is_at_most_the_makespan_bound():
     problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, comm_time=0.05, memory_limit=3.0, mem_backward_input=-0.5)
     assert lower_bound(problem, "span").value <= lower_bound(problem).value
+
+
+# --- device relaxations (optimizer.exact.devicebound) -------------------------------------
+
+
+def _relaxation_value(problem: Problem, devices, upper: float) -> tuple[float, bool]:
+    relax = DeviceRelaxation(problem)
+    ticks, closed = relax.solve(devices, upper=upper, floor=0, time_limit=10, seed=0, threads=1)
+    return ticks / relax.tables.time_scale, closed
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_device_relaxation_never_exceeds_the_brute_force_optimum(seed):
+    rng = random.Random(100 + seed)
+    # Three microbatches only under a tight limit: unlimited, brute force takes minutes.
+    if seed % 2:
+        problem = random_problem(rng, 2, 2, "linear", rng.choice([None, 1.3, 1.6, 2.2]))
+    else:
+        problem = random_problem(rng, 2, 3, "linear", rng.choice([1.0, 1.3]))
+    optimum = brute_force_optimum(problem)
+    upper = min(c.schedule.makespan for c in generator_candidates(problem)[0] if c.fits)
+    for devices in ([0], [1]):
+        value, _ = _relaxation_value(problem, devices, upper)
+        assert value <= optimum * (1 + 1e-9)
+    # Keeping every device, the relaxation is the whole problem: equal to the optimum up
+    # to the rounding down of durations to ticks (at most 0.1% per op).
+    value, closed = _relaxation_value(problem, [0, 1], upper)
+    assert closed
+    assert optimum * (1 - 2e-3) <= value <= optimum * (1 + 1e-9)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    p=st.integers(2, 4),
+    m=st.integers(1, 6),
+    placement=st.sampled_from(["linear", "vshape", "interleaved:2"]),
+    limit=st.one_of(st.none(), st.floats(1.0, 4.0)),
+)
+def test_device_subset_bound_never_exceeds_any_valid_schedule(seed, p, m, placement, limit):
+    problem = random_problem(random.Random(seed), p, m, placement, limit)
+    schedules = valid_schedules(problem)
+    if not schedules:
+        return
+    upper = min(s.makespan for s in schedules)
+    bound = device_subset_bound(problem, upper=upper, deadline=time.monotonic() + 3, threads=1, max_ops=10**6)
+    assert bound <= upper * (1 + 1e-9)
+
+
+def test_device_subset_bound_is_stronger_under_a_tight_limit_yet_below_the_proven_optimum():
+    # Zero Bubble timings, 4 devices, room for 2 activations: the preemptive bound sees
+    # 37.12, the relaxations 37.72, and CP-SAT proves the optimum 38.80.
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=2.0)
+    optimum = solve(problem, "cpsat", SolveOptions(time_limit=30, threads=1))
+    assert optimum.metrics.status == "optimal"
+    bound = device_subset_bound(problem, upper=optimum.makespan, deadline=time.monotonic() + 20, threads=1)
+    assert lower_bound(problem).value < bound - 0.3
+    assert bound <= optimum.makespan * (1 + 1e-9)
+
+
+def test_auto_reports_the_relaxation_bound():
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=2.0)
+    reasons = []
+    schedule = solve(problem, "auto", SolveOptions(time_limit=4, threads=1), on_progress=lambda p: reasons.append(p.phase))
+    assert any("exact relaxation" in r for r in reasons)
+    assert schedule.metrics.lower_bound >= lower_bound(problem).value

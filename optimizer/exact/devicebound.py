@@ -1,0 +1,226 @@
+"""A lower bound from a few devices at a time, each relaxation solved exactly with CP-SAT.
+
+The relaxation for a set of devices keeps, of the whole problem, only the ops of those
+devices:
+
+* each op's earliest start (head) and the least work that must follow it (tail), as in
+  optimizer.exact.bounds (memory-aware heads where there is a limit);
+* one microbatch's path: F through every stage, then B back. Between two consecutive ops
+  of the path on kept devices, the ops in between (on dropped devices) still take their
+  durations and transfers, but their devices' contention is relaxed away;
+* one op at a time per kept device, each stage's ops of a kind in microbatch order
+  (optimizer.exact.canonical: an optimal schedule of this form exists);
+* each kept device's memory limit, with the simulator's events.
+
+Every schedule of the whole problem, restricted to the kept devices, satisfies all of
+these, so the relaxation's optimum, and any bound CP-SAT proves on it, is a lower bound
+on the makespan. Unlike the preemptive heads-and-tails bound it sees that, under a
+memory limit, the first device must wait for earlier microbatches to come back before
+it starts the next forward, while the busiest devices downstream delay that return.
+A superset of devices is a tighter relaxation, so sets grow from the most telling
+single devices for as long as CP-SAT still closes them.
+
+Integers: durations, transfer time, heads, tails and path lengths are those of the tick
+problem, whose durations are the real ones rounded *down* (optimizer.exact.timescale);
+memory sizes are rounded down and limits up. Each rounding only loosens the relaxation
+(as-soon-as-possible times are monotone in the data), so a bound in ticks divided by the
+time scale is a bound in real units.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Sequence
+
+from ortools.sat.python import cp_model
+
+from optimizer.exact.bounds import heads, tails
+from optimizer.exact.cpsat import _solve_interruptibly
+from optimizer.exact.timescale import integer_tables, tick_problem
+from optimizer.problem import Problem
+
+KINDS = ("F", "B", "W")
+MEMORY_UNITS = 10**6  # memory grid of the relaxation (rounded in its favour, see above)
+# Largest relaxation tried, in ops: p = 8, m = 16 closes 7 devices (336 ops) in ~20 s on
+# 2 cores; a single device of 384 ops (p = 16, m = 64, V) proves nothing in 20 s.
+MAX_OPS = 360
+
+
+class DeviceRelaxation:
+    """The data shared by every relaxation of one problem (see the module doc)."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.tables = integer_tables(problem)
+        ticks = tick_problem(problem, self.tables)
+        self.head = heads(ticks, memory_aware=problem.memory_limit is not None)
+        self.tail = tails(ticks)
+        self.pieces, self.limits = _memory_pieces(problem)
+        S = problem.num_stages
+        dev = self.tables.device
+        comm = [self.tables.comm if s + 1 < S and dev[s] != dev[s + 1] else 0 for s in range(S)]
+        # One microbatch's path and the transfer after each step of it.
+        self.path = [("F", s) for s in range(S)] + [("B", s) for s in reversed(range(S))]
+        self.links = [comm[s] if s + 1 < S else 0 for s in range(S)] + [comm[s - 1] if s > 0 else 0 for s in reversed(range(S))]
+
+    def ops_on(self, devices: Sequence[int]) -> int:
+        dev = self.tables.device
+        return 3 * self.problem.num_microbatches * sum(1 for s in range(self.problem.num_stages) if dev[s] in set(devices))
+
+    def solve(self, devices: Sequence[int], *, upper: float, floor: int, time_limit: float, seed: int, threads: int) -> tuple[int, bool]:
+        """(bound in ticks, closed) for the relaxation keeping `devices`.
+
+        `upper` is the makespan of a known schedule (an optimal one is no longer) and
+        `floor` a bound in ticks already proven (e.g. for a subset of `devices`).
+        """
+        # --- data -----------------------------------------------------------------------
+        kept = set(devices)
+        m = self.problem.num_microbatches
+        dur = self.tables.duration
+        dev = self.tables.device
+        stages = [s for s in range(self.problem.num_stages) if dev[s] in kept]
+        horizon = max(floor, math.ceil(upper * self.tables.time_scale) + 1)
+
+        # --- variables ------------------------------------------------------------------
+        model = cp_model.CpModel()
+        start, interval = {}, {}
+        makespan = model.new_int_var(floor, horizon, "makespan")
+        for s in stages:
+            for kind in KINDS:
+                for i in range(m):
+                    # Tick-problem heads and tails are sums of integers: round() drops float noise only.
+                    r, q, d = round(self.head[kind][s][i]), round(self.tail[kind][s][i]), dur[kind][s]
+                    key = (kind, s, i)
+                    start[key] = model.new_int_var(r, max(r, horizon - d - q), f"start_{kind}_{s}_{i}")
+                    interval[key] = model.new_fixed_size_interval_var(start[key], d, f"op_{kind}_{s}_{i}")
+                    model.add(makespan >= start[key] + d + q)
+
+        def end(key):
+            return start[key] + dur[key[0]][key[1]]
+
+        # --- constraints ----------------------------------------------------------------
+        for d in kept:
+            model.add_no_overlap([iv for key, iv in interval.items() if dev[key[1]] == d])
+        for s in stages:
+            for kind in KINDS:
+                for i in range(1, m):
+                    model.add(start[(kind, s, i)] >= end((kind, s, i - 1)))
+            for i in range(m):
+                model.add(start[("W", s, i)] >= end(("B", s, i)))
+        steps = [k for k, (_, s) in enumerate(self.path) if dev[s] in kept]
+        for a, b in zip(steps, steps[1:]):
+            between = sum(dur[kind][s] for kind, s in self.path[a + 1 : b]) + sum(self.links[a:b])
+            for i in range(m):
+                model.add(start[(*self.path[b], i)] >= end((*self.path[a], i)) + between)
+        if self.pieces is not None:
+            for d in sorted(kept):
+                if self.limits[d] is None:
+                    continue
+                # An F allocates both pieces at its start; B and W free theirs at their end.
+                # Ops on a device never overlap, so events follow the device's order.
+                keys = [key for key in start if dev[key[1]] == d]
+                times = [start[key] if key[0] == "F" else end(key) for key in keys]
+                changes = [self._change(key) for key in keys]
+                model.add_reservoir_constraint(times, changes, -sum(c for c in changes if c > 0) - 1, self.limits[d])
+
+        # --- objective and solve --------------------------------------------------------
+        model.minimize(makespan)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+        solver.parameters.num_workers = max(1, threads)
+        solver.parameters.random_seed = seed
+        solver.parameters.catch_sigint_signal = False
+        status, interrupted = _solve_interruptibly(solver, model, None)
+        if interrupted:
+            raise KeyboardInterrupt
+        if status == cp_model.OPTIMAL:
+            return solver.value(makespan), True
+        if status == cp_model.INFEASIBLE:
+            # Impossible while `upper` is a real schedule's makespan; claim nothing new.
+            return floor, False
+        # FEASIBLE or UNKNOWN: the bound CP-SAT proved, never below the makespan's domain.
+        return max(floor, math.floor(solver.best_objective_bound + 1e-9)), False
+
+    def _change(self, key: tuple[str, int, int]) -> int:
+        kind, s, _ = key
+        if kind == "F":
+            return self.pieces["B"][s] + self.pieces["W"][s]
+        return -self.pieces[kind][s]
+
+
+def _memory_pieces(problem: Problem) -> tuple[dict[str, list[int]] | None, list[int | None]]:
+    """Integer sizes of what each B and W frees, rounded down, and the limits rounded up.
+
+    An F allocates exactly what its B and W free (the three deltas sum to 0), so these
+    sizes describe the whole memory curve; rounding this way only loosens it. None (no
+    memory in the relaxation, still a relaxation) when some B or W allocates.
+    """
+    t = problem.tables()
+    limits = [None if math.isinf(v) else math.ceil(v * MEMORY_UNITS - 1e-6) for v in t.limit]
+    if any(v > 0 for v in t.mem_backward_input + t.mem_backward_weight):
+        return None, limits
+    # 1e-6 of a unit absorbs float noise of exact decimals (0.63 * 1e6 = 629999.9999...).
+    pieces = {
+        "B": [math.floor(-v * MEMORY_UNITS + 1e-6) for v in t.mem_backward_input],
+        "W": [math.floor(-v * MEMORY_UNITS + 1e-6) for v in t.mem_backward_weight],
+    }
+    return pieces, limits
+
+
+def applicable(problem: Problem, max_ops: int = MAX_OPS) -> bool:
+    """Worth trying when two devices together stay within `max_ops` ops."""
+    relaxation_ops = 3 * problem.num_microbatches * max(len(problem.stages_on(d)) for d in range(problem.num_devices))
+    return problem.num_devices > 1 and 2 * relaxation_ops <= max_ops
+
+
+def device_subset_bound(
+    problem: Problem,
+    *,
+    upper: float,
+    deadline: float,
+    seed: int = 0,
+    threads: int = 2,
+    max_ops: int = MAX_OPS,
+    on_bound: Callable[[float, str], None] | None = None,
+) -> float:
+    """The best bound (real units) the relaxations prove before `deadline` (time.monotonic).
+
+    Single devices first, each for a short time, to rank them (ties: more work first);
+    then sets of the top 2, 3, ... devices, each starting from the last proven bound,
+    until one does not close in time or the set grows past `max_ops` ops. `on_bound`
+    hears every improvement with a description of the set.
+    """
+    relax = DeviceRelaxation(problem)
+    scale = relax.tables.time_scale
+    upper_ticks = math.floor(upper * scale + 1e-9)
+    p = problem.num_devices
+    best = 0
+
+    def record(value: int, devices: Sequence[int]) -> None:
+        nonlocal best
+        if value > best:
+            best = value
+            if on_bound is not None:
+                on_bound(value / scale, f"devices {', '.join(map(str, sorted(devices)))} as an exact relaxation")
+
+    singles = {}
+    for d in range(p):
+        left = deadline - time.monotonic()
+        if left <= 0.05:
+            return best / scale
+        value, _ = relax.solve([d], upper=upper, floor=0, time_limit=min(left, left / (2 * (p - d))), seed=seed, threads=threads)
+        singles[d] = value
+        record(value, [d])
+    work = [sum(relax.tables.duration[k][s] for s in problem.stages_on(d) for k in KINDS) for d in range(p)]
+    ranked = sorted(range(p), key=lambda d: (-singles[d], -work[d], d))
+    for size in range(2, p):
+        devices = ranked[:size]
+        left = deadline - time.monotonic()
+        if left <= 0.05 or relax.ops_on(devices) > max_ops or best >= upper_ticks:
+            break
+        value, closed = relax.solve(devices, upper=upper, floor=best, time_limit=left, seed=seed, threads=threads)
+        record(value, devices)
+        if not closed:
+            break
+    return best / scale
