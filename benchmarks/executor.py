@@ -75,8 +75,7 @@ class BenchJob:
             return open_session(schedule, self.model, rank, world_size, device, self.timeout_s)
 
         profiling = {
-            fused: session(profiling_schedule(self.devices, self.microbatches, self.placement, fused=fused))
-            for fused in (False, True)
+            fused: session(profiling_schedule(self.devices, self.microbatches, self.placement, fused=fused)) for fused in (False, True)
         }
         runs = {}
         for family, schedule_json in self.schedules.items():
@@ -122,15 +121,10 @@ class _TorchPeer:
         self.model = load_model(model_name, plan.num_stages)
         self.plan = plan
         self.device = device
-        stages = [
-            pipelining.PipelineStage(self.model.stages[s].to(device), s, plan.num_stages, device)
-            for s in plan.stages
-        ]
+        stages = [pipelining.PipelineStage(self.model.stages[s].to(device), s, plan.num_stages, device) for s in plan.stages]
         schedule_class = getattr(pipelining.schedules, class_name)
         single = class_name in ("ScheduleGPipe", "Schedule1F1B")
-        self.schedule = schedule_class(
-            stages[0] if single else stages, plan.num_microbatches, loss_fn=self.model.loss_fn
-        )
+        self.schedule = schedule_class(stages[0] if single else stages, plan.num_microbatches, loss_fn=self.model.loss_fn)
         params = [p for s in plan.stages for p in self.model.stages[s].parameters()]
         self.optimizer = torch.optim.AdamW(params, lr=1e-3)
         self.params = params
@@ -155,9 +149,7 @@ class _TorchPeer:
         return seconds
 
 
-def split_overhead(
-    model_name: str, num_stages: int, microbatches: int, device_name: str, threads: int, repeats: int = 30
-) -> list[dict]:
+def split_overhead(model_name: str, num_stages: int, microbatches: int, device_name: str, threads: int, repeats: int = 30) -> list[dict]:
     """Per stage, in this process (with the ranks' thread count): the fused backward (BW) against our
     split (B, then W from the recorded frontier) and against the naive split (B with
     the graph retained, W as a second autograd pass to the parameters)."""
@@ -255,9 +247,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    parser.add_argument(
-        "--model", default="example:layers=8,hidden=128,heads=4,vocab=512,seq_len=64,batch_size=4"
-    )
+    parser.add_argument("--model", default="example:layers=8,hidden=128,heads=4,vocab=512,seq_len=64,batch_size=4")
     parser.add_argument("--steps", type=int, default=25, help="measured steps of each run (after 3 warm-up steps)")
     parser.add_argument("--solve-seconds", type=float, default=10.0, help="time limit of the `auto` schedule (0: skip it)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "executor.json")
@@ -272,8 +262,8 @@ def main() -> None:
     from optimizer.io import write_json_atomic
     from optimizer.problem import Problem
     from optimizer.schedules import GENERATORS, generate
-    from runtime.launch import launch
     from optimizer.simulate import simulate
+    from runtime.launch import launch
     from runtime.profile import ProfileJob, profile_result, with_fused_backward
 
     load_at_start = os.getloadavg()
@@ -300,7 +290,12 @@ def main() -> None:
             schedules["auto"] = solve(problem, "auto", SolveOptions(time_limit=args.solve_seconds))
         job = BenchJob(
             {f: s.to_json() for f, s in schedules.items()},
-            args.model, args.devices, args.microbatches, placement, args.steps, warmup=3,
+            args.model,
+            args.devices,
+            args.microbatches,
+            placement,
+            args.steps,
+            warmup=3,
         )
         started = time.perf_counter()
         gathered = launch(job, args.devices, args.backend, args.threads)

@@ -23,20 +23,20 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from optimizer.io import write_json_atomic  # noqa: E402
-from optimizer.problem import Problem, uniform_problem  # noqa: E402
-from optimizer.schedule import compute_metrics  # noqa: E402
-from optimizer.schedules import get_generator  # noqa: E402
-from optimizer.simulate import simulate_times  # noqa: E402
-from optimizer.validate import validate  # noqa: E402
+from optimizer.io import write_json_atomic
+from optimizer.problem import Problem, uniform_problem
+from optimizer.schedule import compute_metrics
+from optimizer.schedules import get_generator
+from optimizer.simulate import simulate_times
+from optimizer.validate import validate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_SECONDS = 1.0

@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from optimizer.exact import SolveOptions, solve  # noqa: E402
-from optimizer.exact.incumbents import generator_candidates  # noqa: E402
-from optimizer.problem import Problem, placement_devices  # noqa: E402
+from optimizer.exact import SolveOptions, solve
+from optimizer.exact.incumbents import generator_candidates
+from optimizer.problem import Problem, placement_devices
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -122,10 +122,7 @@ SAMPLE = [
 def run_case(case: Case, time_limit: float, seed: int) -> dict:
     problem = build_problem(case)
     generators, failed = generator_candidates(problem)
-    rows = {
-        c.name: {"makespan": c.schedule.makespan, "bubble": c.schedule.metrics.bubble_ratio, "fits": c.fits}
-        for c in generators
-    }
+    rows = {c.name: {"makespan": c.schedule.makespan, "bubble": c.schedule.metrics.bubble_ratio, "fits": c.fits} for c in generators}
     fitting = [c for c in generators if c.fits]
     best = min(fitting, key=lambda c: c.schedule.makespan, default=None)
     began = time.monotonic()
@@ -141,7 +138,9 @@ def run_case(case: Case, time_limit: float, seed: int) -> dict:
         "memory_limit": case.limit(),
         "generators": rows,
         "generator_errors": failed,
-        "best_generator": None if best is None else {"name": best.name, "makespan": best.schedule.makespan, "bubble": best.schedule.metrics.bubble_ratio},
+        "best_generator": None
+        if best is None
+        else {"name": best.name, "makespan": best.schedule.makespan, "bubble": best.schedule.metrics.bubble_ratio},
         "auto": {
             "makespan": m.makespan,
             "bubble": m.bubble_ratio,

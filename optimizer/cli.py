@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import TypeVar
 
 import typer
 from rich.console import Console
@@ -96,10 +97,8 @@ def problem(
     placement: str = typer.Option("linear", help="linear | interleaved:V | vshape."),
     mem_forward: float = typer.Option(1.0, help="Memory allocated by one forward (GiB or activations)."),
     mem_backward_input: float = typer.Option(0.0, help="Memory change when B ends (<= 0)."),
-    mem_backward_weight: Optional[float] = typer.Option(
-        None, help="Memory change when W ends; default: whatever makes the three sum to 0."
-    ),
-    memory_limit: Optional[float] = typer.Option(None, help="Per-device memory limit; default unlimited."),
+    mem_backward_weight: float | None = typer.Option(None, help="Memory change when W ends; default: whatever makes the three sum to 0."),
+    memory_limit: float | None = typer.Option(None, help="Per-device memory limit; default unlimited."),
     output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
 ) -> None:
     """Write a uniform problem JSON (every stage the same), to edit or to solve."""
@@ -158,7 +157,9 @@ def solve(
     _print_metrics(schedule, as_json)
 
 
-def _optimize(problem: Problem, method: str, time_limit: float, objective: str, solver: str, seed: int, threads: int, quiet: bool) -> Schedule:
+def _optimize(
+    problem: Problem, method: str, time_limit: float, objective: str, solver: str, seed: int, threads: int, quiet: bool
+) -> Schedule:
     """Run optimizer.exact.solve with a live progress line; Ctrl-C keeps the best so far."""
     from optimizer.exact import SolveOptions
     from optimizer.exact import solve as exact_solve
@@ -189,7 +190,7 @@ class _ProgressLine:
         self.began = None
         self.printed_at = -1.0
 
-    def __enter__(self) -> "_ProgressLine":
+    def __enter__(self) -> _ProgressLine:
         import time
 
         from rich.live import Live
@@ -236,7 +237,7 @@ def pareto(
     limits: str = typer.Option(..., help="Memory limits LOW:HIGH:STEP, e.g. 2:8:0.5 (the problem's memory unit)."),
     time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="Seconds per limit."),
     output: Path = typer.Option(..., "--output", "-o", help="Curve JSON to write."),
-    plot: Optional[Path] = typer.Option(None, help="Also draw the curve as SVG here."),
+    plot: Path | None = typer.Option(None, help="Also draw the curve as SVG here."),
     seed: int = typer.Option(0, help="Random seed of the optimizer."),
     threads: int = typer.Option(2, min=1, help="CP-SAT workers."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print no table."),
@@ -317,7 +318,13 @@ def _row(name: str, schedule: Schedule) -> dict:
 
 def print_comparison(rows: list[dict], title: str) -> None:
     table = Table(title=title)
-    for column, justify in (("method", "left"), ("makespan", "right"), ("bubble", "right"), ("peak memory", "right"), ("fits limit", "center")):
+    for column, justify in (
+        ("method", "left"),
+        ("makespan", "right"),
+        ("bubble", "right"),
+        ("peak memory", "right"),
+        ("fits limit", "center"),
+    ):
         table.add_column(column, justify=justify)
     for row in rows:
         if row["makespan"] is None:
@@ -378,9 +385,7 @@ def validate(
 @user_errors
 def show(
     schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to draw."),
-    output: Path = typer.Option(
-        ..., "--output", "-o", help=".svg or .html: Gantt chart with memory curves; .json: Chrome/Perfetto trace."
-    ),
+    output: Path = typer.Option(..., "--output", "-o", help=".svg or .html: Gantt chart with memory curves; .json: Chrome/Perfetto trace."),
 ) -> None:
     """Draw a schedule: Gantt chart and memory curves (SVG/HTML) or a Chrome/Perfetto trace (JSON)."""
     from optimizer.render import write_rendering

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from optimizer.exact import SolveOptions, solve
 from optimizer.cli import comparison_rows, metrics_line, print_comparison
+from optimizer.exact import SolveOptions, solve
 from optimizer.problem import Problem
 from optimizer.render import write_rendering
 from optimizer.schedule import save_schedule
@@ -26,12 +26,8 @@ def example_problem() -> Problem:
         timing = {name: value * factor for name, value in base.items()}
         if device == len(scale) - 1:
             timing["backward_weight"] = base["backward_weight"] * 1.2  # the loss adds no weights: W grows less than F and B
-        stages.append(
-            {"device": device, **timing, "memory": {"forward": 1.0, "backward_input": -0.63, "backward_weight": -0.37}}
-        )
-    return Problem.model_validate(
-        {"num_devices": 4, "num_microbatches": 8, "stages": stages, "comm_time": 0.3, "memory_limit": 3.0}
-    )
+        stages.append({"device": device, **timing, "memory": {"forward": 1.0, "backward_input": -0.63, "backward_weight": -0.37}})
+    return Problem.model_validate({"num_devices": 4, "num_microbatches": 8, "stages": stages, "comm_time": 0.3, "memory_limit": 3.0})
 
 
 def main(output_dir: Path = Path("."), time_limit: float = 10.0) -> None:

@@ -49,9 +49,7 @@ class Stage(_Strict):
         m = self.memory
         total = m.forward + m.backward_input + m.backward_weight
         if abs(total) > _SUM_TOLERANCE * max(1.0, abs(m.forward)):
-            raise ValueError(
-                f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})"
-            )
+            raise ValueError(f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})")
         return self
 
 
@@ -89,15 +87,12 @@ class Problem(_Strict):
             if d not in used:
                 raise ValueError(f"stages: device {d} holds no stage")
         if isinstance(self.memory_limit, list) and len(self.memory_limit) != p:
-            raise ValueError(
-                f"memory_limit: a list needs one value per device ({p}), got {len(self.memory_limit)}"
-            )
+            raise ValueError(f"memory_limit: a list needs one value per device ({p}), got {len(self.memory_limit)}")
         for s, stage in enumerate(self.stages):
             limit = self.device_limit(stage.device)
             if stage.memory.forward > limit:
                 raise ValueError(
-                    f"memory_limit: device {stage.device} limit {limit:g} is below one forward "
-                    f"of stage {s} ({stage.memory.forward:g})"
+                    f"memory_limit: device {stage.device} limit {limit:g} is below one forward of stage {s} ({stage.memory.forward:g})"
                 )
         return self
 

@@ -46,8 +46,7 @@ def gantt_svg(schedule: Schedule) -> str:
     first_stage = {d: min(problem.stages_on(d)) for d in range(p)}
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
-        f'font-family="sans-serif" font-size="11">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" font-family="sans-serif" font-size="11">',
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{_LEFT}" y="16" font-size="13">{html.escape(_title(schedule))}</text>',
     ]
@@ -97,8 +96,7 @@ def gantt_svg(schedule: Schedule) -> str:
         if math.isfinite(limit):
             y_limit = top + _MEM_ROW - limit / scale_max * _MEM_ROW
             parts.append(
-                f'<line x1="{_LEFT}" x2="{_WIDTH - 10}" y1="{y_limit:.2f}" y2="{y_limit:.2f}" '
-                f'stroke="#d62728" stroke-dasharray="5,3"/>'
+                f'<line x1="{_LEFT}" x2="{_WIDTH - 10}" y1="{y_limit:.2f}" y2="{y_limit:.2f}" stroke="#d62728" stroke-dasharray="5,3"/>'
             )
     axis_y = height - 12
     for tick in range(6):
@@ -110,10 +108,7 @@ def gantt_svg(schedule: Schedule) -> str:
 
 def _title(schedule: Schedule) -> str:
     m = schedule.metrics
-    text = (
-        f"{schedule.method}: makespan {m.makespan:.6g}, bubble {m.bubble_ratio:.1%}, "
-        f"peak memory {max(m.peak_memory, default=0):.4g}"
-    )
+    text = f"{schedule.method}: makespan {m.makespan:.6g}, bubble {m.bubble_ratio:.1%}, peak memory {max(m.peak_memory, default=0):.4g}"
     if m.lower_bound is not None and m.gap is not None:
         text += f", lower bound {m.lower_bound:.6g} (gap {m.gap:.2%})"
     return text
@@ -147,9 +142,7 @@ def chrome_trace(schedule: Schedule) -> dict:
                 }
             )
         for time, usage in memory_curve(tables, device):
-            events.append(
-                {"ph": "C", "name": f"memory device {d}", "pid": 0, "ts": time * microseconds, "args": {"usage": usage}}
-            )
+            events.append({"ph": "C", "name": f"memory device {d}", "pid": 0, "ts": time * microseconds, "args": {"usage": usage}})
     return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": {"method": schedule.method}}
 
 

@@ -7,9 +7,10 @@ solver), the problem it solves, and metrics derived from the times.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -156,10 +157,7 @@ class Schedule:
             "problem": self.problem.model_dump(mode="json"),
             "method": self.method,
             "devices": [
-                [
-                    {"kind": o.kind, "stage": o.stage, "microbatch": o.microbatch, "start": o.start, "end": o.end}
-                    for o in device
-                ]
+                [{"kind": o.kind, "stage": o.stage, "microbatch": o.microbatch, "start": o.start, "end": o.end} for o in device]
                 for device in self.devices
             ],
             "metrics": self.metrics.as_dict(),
@@ -211,9 +209,7 @@ def schedule_from_json(data: object, source: str = "schedule", *, check: bool = 
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise InputError(f"{source}: not a pipesched schedule (format is {found!r}, expected {FORMAT!r})")
     if data.get("version") != VERSION:
-        raise InputError(
-            f"{source}: schedule format version {data.get('version')!r} is not supported (this pipesched reads {VERSION})"
-        )
+        raise InputError(f"{source}: schedule format version {data.get('version')!r} is not supported (this pipesched reads {VERSION})")
     record = validate_model(_ScheduleRecord, data, source)
     devices = [[TimedOp(o.kind, o.stage, o.microbatch, o.start, o.end) for o in device] for device in record.devices]
     if check:

@@ -13,7 +13,7 @@ times (about 25k ops for p=32, m=256 in well under a second).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from optimizer.errors import DeadlockError, InputError
 from optimizer.problem import Problem

@@ -9,7 +9,7 @@ transfer time across devices, and the memory limit.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 from optimizer.problem import Problem
 from optimizer.schedule import KINDS, Op, TimedOp, op_duration, op_memory
@@ -62,17 +62,13 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
             if abs((op.end - op.start) - expected) > _slack(op.start, op.end):
                 violations.append(f"duration: {op.op} on device {d} lasts {op.end - op.start:g}, expected {expected:g}")
             if previous is not None and op.start < previous.end - _slack(previous.end):
-                violations.append(
-                    f"overlap: {op.op} starts at {op.start:g} on device {d} before {previous.op} ends at {previous.end:g}"
-                )
+                violations.append(f"overlap: {op.op} starts at {op.start:g} on device {d} before {previous.op} ends at {previous.end:g}")
             dep = dependency(op.op, num_stages)
             if dep is not None:
                 dep_op = _dependency_op(dep, op.microbatch, ends)
                 ready = ends[dep_op] + (problem.comm_time if tables.device[dep_op.stage] != d else 0.0)
                 if op.start < ready - _slack(ready):
-                    violations.append(
-                        f"dependency: {op.op} starts at {op.start:g}, before {dep_op} is available at {ready:g}"
-                    )
+                    violations.append(f"dependency: {op.op} starts at {op.start:g}, before {dep_op} is available at {ready:g}")
             usage += op_memory(tables, op.kind, op.stage)
             if usage > limit + _slack(limit):
                 first_over = first_over or (op.op, usage)

@@ -28,12 +28,11 @@ recorded frontier gradients (about one activation per Linear) until W.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
-
 
 # (frontier edges, their gradients, the parameters, the recorded gradients per frontier
 # node when the group has several nodes; see backward_weight)
@@ -162,9 +161,7 @@ class SplitBackward:
             for node in frontier:
                 if node not in recorded:
                     handles.append(node.register_prehook(lambda grads, node=node: recorded.__setitem__(node, grads)))
-            found = torch.autograd.grad(
-                [outputs], [inputs[i] for i in needs_grad], [grad_output], retain_graph=True, allow_unused=True
-            )
+            found = torch.autograd.grad([outputs], [inputs[i] for i in needs_grad], [grad_output], retain_graph=True, allow_unused=True)
             for i, g in zip(needs_grad, found):
                 grad_inputs[i] = g
         finally:
@@ -210,9 +207,7 @@ def backward_weight(work: WeightWork) -> None:
     work.groups.clear()
 
 
-def backward_fused(
-    outputs: torch.Tensor, grad_output: torch.Tensor | None, inputs: Sequence[torch.Tensor]
-) -> list[torch.Tensor | None]:
+def backward_fused(outputs: torch.Tensor, grad_output: torch.Tensor | None, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
     """Input and parameter gradients in one autograd call (the BW op)."""
     grad_output = torch.ones_like(outputs) if grad_output is None else grad_output
     if outputs.grad_fn is None:

@@ -37,10 +37,7 @@ def reference_step(model: PipelineModel, inputs: torch.Tensor, targets: torch.Te
     whole.zero_grad(set_to_none=True)
     loss = model.loss_fn(whole(inputs), targets)
     loss.backward()
-    grads = [
-        {name: p.grad.detach().clone() for name, p in stage.named_parameters() if p.grad is not None}
-        for stage in model.stages
-    ]
+    grads = [{name: p.grad.detach().clone() for name, p in stage.named_parameters() if p.grad is not None} for stage in model.stages]
     return Reference(float(loss.detach()), grads)
 
 

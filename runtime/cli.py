@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -46,7 +45,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
     timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
 ) -> None:
     """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
     _start_rank_server()
@@ -105,8 +104,8 @@ def profile(
     output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
     backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
     timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
-    memory_limit: Optional[float] = typer.Option(
+    threads: int | None = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
+    memory_limit: float | None = typer.Option(
         None, "--memory-limit", min=0.0, help="Activation memory per device in GiB, written into the problem; default unlimited."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the problem as JSON too."),
@@ -148,15 +147,19 @@ def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{output}: {problem['num_devices']} devices, {problem['num_microbatches']} microbatches, "
-                  f"comm {problem['comm_time']:.3f} ms")
+    table = Table(
+        title=f"{output}: {problem['num_devices']} devices, {problem['num_microbatches']} microbatches, comm {problem['comm_time']:.3f} ms"
+    )
     for column in ("stage", "device", "F ms", "B ms", "W ms", "BW ms", "F MiB", "B MiB", "W MiB"):
         table.add_column(column, justify="right")
     for s, stage in enumerate(problem["stages"]):
         mem = stage["memory"]
         table.add_row(
-            str(s), str(stage["device"]),
-            f"{stage['forward']:.3f}", f"{stage['backward_input']:.3f}", f"{stage['backward_weight']:.3f}",
+            str(s),
+            str(stage["device"]),
+            f"{stage['forward']:.3f}",
+            f"{stage['backward_input']:.3f}",
+            f"{stage['backward_weight']:.3f}",
             f"{fused_backward_ms[s]:.3f}",
             *(f"{mem[kind] * 1024:.3g}" for kind in ("forward", "backward_input", "backward_weight")),
         )

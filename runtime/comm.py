@@ -160,6 +160,4 @@ class P2P:
                 reason = f"no transfer within {self.timeout.total_seconds():g} s"
             else:
                 reason = f"the transfer failed ({first_line[:160]})"
-            raise CommError(
-                f"rank {rank} {where}: {message.describe()} {direction} rank {peer}: {reason}"
-            ) from None
+            raise CommError(f"rank {rank} {where}: {message.describe()} {direction} rank {peer}: {reason}") from None

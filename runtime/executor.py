@@ -59,10 +59,7 @@ class Executor:
         self.plan = plan
         self.p2p = p2p
         self.device = device
-        self.runners = {
-            s: StageRunner(module, s, plan.num_stages, plan.num_microbatches, loss_fn, meter)
-            for s, module in modules.items()
-        }
+        self.runners = {s: StageRunner(module, s, plan.num_stages, plan.num_microbatches, loss_fn, meter) for s, module in modules.items()}
         # Per-op timings on a GPU need the device idle at each boundary (profiling only).
         self.synchronize = synchronize and device.type == "cuda"
         self._handed: dict[tuple[str, int, int], torch.Tensor] = {}

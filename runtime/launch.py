@@ -13,8 +13,8 @@ lists what each rank reported, the dead rank first.
 from __future__ import annotations
 
 import datetime
-import pickle
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -123,9 +123,7 @@ def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, t
         device = rank_device(backend, rank)
         timeout = datetime.timedelta(seconds=job.timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout)
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=_device_id(device)
-        )
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=_device_id(device))
         result = job.execute(rank, world_size, device)
         path.write_bytes(pickle.dumps({"ok": True, "result": result}))
         dist.destroy_process_group()

@@ -11,8 +11,8 @@ W's change to minus their sum and every stage's changes add up to zero.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -154,9 +154,7 @@ def build_example(config: GPTConfig, num_stages: int, split: list[int] | None = 
     if sum(split) != config.layers:
         raise InputError(f"model: split {'/'.join(map(str, split))} sums to {sum(split)}, not layers={config.layers}")
     if any(count < 1 for count in split):
-        raise InputError(
-            f"model: every stage needs at least one layer (split {'/'.join(map(str, split))}, {num_stages} stages)"
-        )
+        raise InputError(f"model: every stage needs at least one layer (split {'/'.join(map(str, split))}, {num_stages} stages)")
     if config.hidden % config.heads:
         raise InputError(f"model: hidden={config.hidden} is not a multiple of heads={config.heads}")
     stages = []
@@ -228,4 +226,3 @@ def load_model(name: str, num_stages: int) -> PipelineModel:
     if len(built.stages) != num_stages:
         raise InputError(f"model: {name} returned {len(built.stages)} stages, the schedule has {num_stages}")
     return built
-

@@ -93,9 +93,7 @@ def build_plans(schedule: Schedule, world_size: int, source: str = "schedule") -
             if op.kind in ("B", "BW") and op.stage > 0 and device_of[op.stage - 1] != device:
                 pending.append((op.end, device, device_of[op.stage - 1], GRADIENT, op.stage - 1, op.microbatch))
     pending.sort()
-    messages = [
-        Message(tag, kind, stage, mb, src, dst, time) for tag, (time, src, dst, kind, stage, mb) in enumerate(pending)
-    ]
+    messages = [Message(tag, kind, stage, mb, src, dst, time) for tag, (time, src, dst, kind, stage, mb) in enumerate(pending)]
     makespan = max((op.end for ops in timed for op in ops), default=0.0)
 
     plans = []

@@ -93,7 +93,11 @@ def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.devi
     # with it).
     fused = open_session(
         profiling_schedule(job.devices, job.microbatches, job.placement, fused=True),
-        job.model, rank, world_size, device, job.timeout_s,
+        job.model,
+        rank,
+        world_size,
+        device,
+        job.timeout_s,
     )
     timed_steps(fused, 1, 0)
     fused_busy = timed_steps(fused, job.steps, 1)
@@ -188,6 +192,4 @@ def assemble_problem(
             }
         )
     comm_ms = statistics.median(round_trips) / 2 * 1e3 if round_trips else 0.0
-    return Problem.model_validate(
-        {"num_devices": devices, "num_microbatches": microbatches, "stages": stages, "comm_time": comm_ms}
-    )
+    return Problem.model_validate({"num_devices": devices, "num_microbatches": microbatches, "stages": stages, "comm_time": comm_ms})

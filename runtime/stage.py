@@ -91,4 +91,3 @@ class StageRunner:
     def step_loss(self) -> float | None:
         """The step's loss (the mean over its microbatches) on the last stage, else None."""
         return None if self._loss is None else float(self._loss)
-

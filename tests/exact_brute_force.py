@@ -31,11 +31,7 @@ def _interleavings(chains: list[list[Op]]):
 def device_orders(problem: Problem, device: int) -> list[list[Op]]:
     """Orders of one device's ops that fit its memory limit (F before B before W per microbatch and stage)."""
     tables = problem.tables()
-    chains = [
-        [Op("F", s, i), Op("B", s, i), Op("W", s, i)]
-        for s in problem.stages_on(device)
-        for i in range(problem.num_microbatches)
-    ]
+    chains = [[Op("F", s, i), Op("B", s, i), Op("W", s, i)] for s in problem.stages_on(device) for i in range(problem.num_microbatches)]
     limit = tables.limit[device]
     return [o for o in _interleavings(chains) if peak_memory(tables, o) <= limit * (1 + 1e-9)]
 

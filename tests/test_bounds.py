@@ -6,10 +6,10 @@ import random
 import time
 
 import pytest
+from exact_brute_force import brute_force_optimum
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exact_brute_force import brute_force_optimum
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.bounds import jackson_preemptive, lower_bound
 from optimizer.exact.devicebound import DeviceRelaxation, device_subset_bound
@@ -91,7 +91,9 @@ def test_unlimited_uniform_bound_is_the_zero_bubble_optimum():
 
 
 def test_memory_bound_rises_as_the_limit_falls():
-    values = [lower_bound(uniform_problem(4, 8, 1.0, 1.0, 0.6, mem_backward_input=-0.63, memory_limit=limit)).value for limit in (8, 4, 2, 1)]
+    values = [
+        lower_bound(uniform_problem(4, 8, 1.0, 1.0, 0.6, mem_backward_input=-0.63, memory_limit=limit)).value for limit in (8, 4, 2, 1)
+    ]
     assert values == sorted(values)
     assert values[-1] > values[0] * 1.5
     assert "memory" in lower_bound(uniform_problem(4, 8, memory_limit=1.0)).reason

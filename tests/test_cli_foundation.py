@@ -38,8 +38,21 @@ def write(tmp_path: Path, name: str, data) -> Path:
 
 def test_problem_solve_validate_show_round_trip(tmp_path):
     problem_path = tmp_path / "problem.json"
-    result = invoke("problem", "--devices", 4, "--microbatches", 8, "--backward-weight", 0.5, "--comm", 0.1,
-                    "--memory-limit", 6, "--output", problem_path)
+    result = invoke(
+        "problem",
+        "--devices",
+        4,
+        "--microbatches",
+        8,
+        "--backward-weight",
+        0.5,
+        "--comm",
+        0.1,
+        "--memory-limit",
+        6,
+        "--output",
+        problem_path,
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(problem_path.read_text())
     assert data["num_devices"] == 4 and len(data["stages"]) == 4

@@ -7,15 +7,15 @@ import random
 import time
 
 import pytest
-
 from exact_brute_force import brute_force_optimum
+
 from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
+from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.milp import solve_milp_subproblem
 from optimizer.exact.subproblem import full_subproblem
-from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.timescale import integer_tables
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedules import GENERATORS
@@ -196,7 +196,7 @@ def test_memory_limit_below_one_microbatch_is_infeasible_and_names_the_smallest_
 def test_allocating_backward_raises_the_smallest_limit_and_it_is_solved():
     # B allocates 0.25 (held until W): one microbatch alone peaks at 1 + 0.25 on each device.
     base = uniform_problem(3, 4, 1.0, 1.0, 0.5, mem_forward=1.0, mem_backward_input=0.25)
-    with pytest.raises(InfeasibleError, match="smallest limit that fits is 1.25"):
+    with pytest.raises(InfeasibleError, match=r"smallest limit that fits is 1\.25"):
         solve(base.model_copy(update={"memory_limit": 1.2}), "auto", SolveOptions(time_limit=5))
     schedule = solve(base.model_copy(update={"memory_limit": 1.25}), "auto", SolveOptions(time_limit=5))
     assert_valid(schedule)

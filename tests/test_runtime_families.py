@@ -29,6 +29,7 @@ FAMILIES = {
     "dualpipe-v": "vshape",
 }
 
+
 def microbatches(world_size: int) -> int:
     return 2 * world_size  # the least every family takes (DualPipeV needs 2p)
 

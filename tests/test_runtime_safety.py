@@ -7,7 +7,6 @@ import this module by name, so each is a plain module-level function.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -101,7 +100,9 @@ def test_deadlocking_schedule_is_refused_before_any_rank_starts(tmp_path):
 def test_bad_model_name_is_one_line_exit_2(one_f_one_b):
     result = invoke("run", one_f_one_b, "--model", "example:depth=3")
     assert result.exit_code == 2
-    assert error_line(result) == "error: model: unknown option 'depth' (known: batch_size, heads, hidden, layers, seed, seq_len, vocab, split)"
+    assert (
+        error_line(result) == "error: model: unknown option 'depth' (known: batch_size, heads, hidden, layers, seed, seq_len, vocab, split)"
+    )
 
 
 def test_stuck_transfer_times_out_naming_op_peer_and_microbatch(one_f_one_b):

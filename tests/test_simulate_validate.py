@@ -29,9 +29,7 @@ def random_problem(rng: random.Random, p: int, m: int, placement: str, comm: flo
                 "memory": {"forward": forward_mem, "backward_input": -(forward_mem - kept), "backward_weight": -kept},
             }
         )
-    return Problem.model_validate(
-        {"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": comm, "memory_limit": limit}
-    )
+    return Problem.model_validate({"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": comm, "memory_limit": limit})
 
 
 def all_ops(problem: Problem, rng: random.Random) -> list[Op]:

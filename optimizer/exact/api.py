@@ -9,6 +9,8 @@ solve_seconds. Ctrl-C (KeyboardInterrupt) ends the search and returns the best s
 
 from __future__ import annotations
 
+import contextlib
+
 from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.canonical import canonical
@@ -76,10 +78,8 @@ def solve(
     except KeyboardInterrupt:
         if tracker.best is None:
             raise
-        try:
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while reporting: the best is still returned
             tracker.report("interrupted")
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C while reporting: the best is still returned
     schedule = tracker.result(method)
     if schedule is None:
         near = closest(starts)
@@ -96,7 +96,9 @@ def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> No
     sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
     tracker.models_ran = True
     tracker.report(f"milp, {tables.describe()}")  # says whether the time grid is exact
-    result = solve_milp_subproblem(sub, time_limit=max(1.0, tracker.left()), solver=options.solver, threads=options.threads, seed=options.seed)
+    result = solve_milp_subproblem(
+        sub, time_limit=max(1.0, tracker.left()), solver=options.solver, threads=options.threads, seed=options.seed
+    )
     label = f"milp({options.solver})"
     if result.starts is not None:
         tracker.offer(simulate(problem, sub.orders_from_starts(result.starts)), label)

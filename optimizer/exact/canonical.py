@@ -15,7 +15,7 @@ Two facts make every solver's search space smaller without losing any schedule:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from optimizer.schedule import Op
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 

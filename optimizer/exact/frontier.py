@@ -7,9 +7,9 @@ what one microbatch needs are reported as infeasible points, not errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -62,7 +62,7 @@ class ParetoCurve:
 
 
 def parse_limits(text: str) -> list[float]:
-    """"LOW:HIGH:STEP" -> [LOW, LOW+STEP, ..., <= HIGH]; a single number is one limit."""
+    """ "LOW:HIGH:STEP" -> [LOW, LOW+STEP, ..., <= HIGH]; a single number is one limit."""
     parts = text.split(":")
     try:
         values = [float(part) for part in parts]
@@ -105,8 +105,7 @@ def pareto(
     unlimited = Problem.model_validate({**problem.model_dump(mode="json"), "memory_limit": None})
     found, _ = generator_candidates(unlimited)
     generators = [
-        GeneratorPoint(c.name, max(c.schedule.metrics.peak_memory), c.schedule.makespan, c.schedule.metrics.bubble_ratio)
-        for c in found
+        GeneratorPoint(c.name, max(c.schedule.metrics.peak_memory), c.schedule.makespan, c.schedule.metrics.bubble_ratio) for c in found
     ]
     points = []
     for limit in values:
@@ -116,9 +115,7 @@ def pareto(
             point = ParetoPoint(limit, False, note=str(error))
         else:
             m = schedule.metrics
-            point = ParetoPoint(
-                limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory)
-            )
+            point = ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
         points.append(point)
         if on_point is not None:
             on_point(point)
@@ -152,7 +149,12 @@ def pareto_figure(curve: ParetoCurve):
     for axis, metric, label in ((left, "bubble", "bubble rate"), (right, "makespan", "makespan")):
         if solved:
             axis.step(
-                [p.limit for p in solved], [getattr(p, metric) for p in solved], where="post", marker="o", color="tab:blue", label="pipesched auto"
+                [p.limit for p in solved],
+                [getattr(p, metric) for p in solved],
+                where="post",
+                marker="o",
+                color="tab:blue",
+                label="pipesched auto",
             )
         if metric == "makespan" and solved:
             axis.plot([p.limit for p in solved], [p.bound for p in solved], ls="--", color="tab:gray", label="lower bound")

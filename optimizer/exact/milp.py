@@ -13,6 +13,7 @@ Big-M models are weak: this one is for small instances and for cross-checking CP
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -26,10 +27,8 @@ from pathlib import Path
 # OR-Tools and highspy bundle different copies of libhighs.so.1 and a process can load
 # only one; pulp imports highspy when it is imported. Load OR-Tools first so that CP-SAT
 # keeps working in this process; HiGHS then runs in its own interpreter (highs_worker).
-try:
+with contextlib.suppress(ImportError):
     import ortools.sat.python.cp_model  # noqa: F401
-except ImportError:
-    pass
 import pulp
 
 from optimizer.errors import InputError
@@ -114,7 +113,9 @@ def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "
     # --- variables --------------------------------------------------------------------
     model = pulp.LpProblem("pipeline_schedule", pulp.LpMinimize)
     start = [
-        model.add_variable(f"start_{names[j]}", lowBound=sub.release[j], upBound=max(sub.release[j], horizon - sub.duration[j] - sub.tail[j]))
+        model.add_variable(
+            f"start_{names[j]}", lowBound=sub.release[j], upBound=max(sub.release[j], horizon - sub.duration[j] - sub.tail[j])
+        )
         for j in range(n)
     ]
     makespan = model.add_variable("makespan", lowBound=sub.floor, upBound=horizon)
@@ -178,7 +179,9 @@ def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "
         return MilpResult(status, None, None, 0.0, seconds, solver, interrupted)
     starts = [round(s.varValue) for s in start]
     objective = max([sub.floor] + [starts[j] + sub.duration[j] + sub.tail[j] for j in range(n)])
-    return MilpResult("optimal" if proven else "feasible", starts, float(objective), objective if proven else bound, seconds, solver, interrupted)
+    return MilpResult(
+        "optimal" if proven else "feasible", starts, float(objective), objective if proven else bound, seconds, solver, interrupted
+    )
 
 
 def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | None, float, bool]:

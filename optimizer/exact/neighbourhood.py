@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import objective_value

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 

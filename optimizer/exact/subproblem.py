@@ -10,8 +10,8 @@ max(floor, end + tail) is then the true makespan of the whole schedule (in ticks
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from optimizer.exact.timescale import IntegerTables
 from optimizer.problem import Problem
@@ -156,7 +156,7 @@ def window_subproblem(
                 successors.setdefault(dep, []).append(t.op)
 
     # Longest path from each after-op's start to the end, in decreasing start order.
-    after = sorted((t for d, ops in enumerate(timed) for t in ops[hi[d]:]), key=lambda t: -t.start)
+    after = sorted((t for d, ops in enumerate(timed) for t in ops[hi[d] :]), key=lambda t: -t.start)
     length: dict[Op, int] = {}
     for t in after:
         d, k = where[t.op]

@@ -72,7 +72,10 @@ def integer_tables(problem: Problem) -> IntegerTables:
     t = problem.tables()
     durations = {"F": t.forward, "B": t.backward_input, "W": t.backward_weight}
     times = [v for kind in KINDS for v in durations[kind]] + [problem.comm_time]
-    total = sum(sum(durations[kind]) for kind in KINDS) * problem.num_microbatches + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches
+    total = (
+        sum(sum(durations[kind]) for kind in KINDS) * problem.num_microbatches
+        + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches
+    )
     scale = _exact_decimal_scale(times, 4)
     exact_time = scale is not None and total * scale <= MAX_HORIZON_TICKS
     if not exact_time:

@@ -279,8 +279,7 @@ class _ListScheduler:
         self.orders: Orders = [[] for _ in range(self.p)]
         self.remaining = 3 * self.n * self.m
         self.work_left = [
-            self.m * sum(t.forward[s] + t.backward_input[s] + t.backward_weight[s] for s in self.stages_on[d])
-            for d in range(self.p)
+            self.m * sum(t.forward[s] + t.backward_input[s] + t.backward_weight[s] for s in self.stages_on[d]) for d in range(self.p)
         ]
         self.wakes: list[tuple[float, int]] = [(0.0, d) for d in range(self.p)]
         self.relaxed = False  # set if the heuristics ever idled every device (a safety net)
@@ -349,7 +348,7 @@ class _ListScheduler:
     # -- choosing --------------------------------------------------------------------
 
     def _choose(self, d: int, now: float) -> Op | None:
-        knobs, t, memory = self.knobs, self.tables, self.memory[d]
+        knobs, t = self.knobs, self.tables
         backward, backward_blocked = self._ready_backward(d, now)
         alternating = knobs.priority in ("alternate", "strict")
         backward_first = knobs.priority == "backward" or (alternating and self.last_kind[d] == "F")
@@ -385,9 +384,8 @@ class _ListScheduler:
         best = None
         for s in self.stages_on[d]:
             i = self.next_b[s]
-            if i < self.m and self.arrive_b[s][i] <= now:
-                if best is None or i < best.microbatch:
-                    best = Op("B", s, i)
+            if i < self.m and self.arrive_b[s][i] <= now and (best is None or i < best.microbatch):
+                best = Op("B", s, i)
         if best is not None:
             s, i, memory = best.stage, best.microbatch, self.memory[d]
             if memory.tracking and memory.irregular and memory.pending_count(i):

@@ -61,10 +61,7 @@ def unsupported(problem: Problem) -> str | None:
     if v is None or v < 2:
         return f"needs the interleaved:V placement with V >= 2 (stage s on device s % p), got {problem.placement()}"
     if problem.num_microbatches % problem.num_devices != 0:
-        return (
-            f"needs the microbatch count to be a multiple of the device count "
-            f"(m={problem.num_microbatches}, p={problem.num_devices})"
-        )
+        return f"needs the microbatch count to be a multiple of the device count (m={problem.num_microbatches}, p={problem.num_devices})"
     return None
 
 

@@ -12,16 +12,14 @@ reaches device 0 sooner.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from optimizer.problem import Problem
 from optimizer.schedule import Op
 from optimizer.schedules.registry import Orders
 
 
-def split_backward_1f1b(
-    problem: Problem, warmup: Callable[[int], int], deferred: Callable[[int], int]
-) -> Orders:
+def split_backward_1f1b(problem: Problem, warmup: Callable[[int], int], deferred: Callable[[int], int]) -> Orders:
     """Linear-placement orders: `warmup(r)` forwards first, then F/B pairs, W's deferred."""
     p, m = problem.num_devices, problem.num_microbatches
     orders: Orders = []
