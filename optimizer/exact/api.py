@@ -97,13 +97,18 @@ def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> No
     tracker.models_ran = True
     tracker.report(f"milp, {tables.describe()}")  # says whether the time grid is exact
     result = solve_milp_subproblem(
-        sub, time_limit=max(1.0, tracker.left()), solver=options.solver, threads=options.threads, seed=options.seed
+        sub,
+        time_limit=max(1.0, tracker.left()),
+        solver=options.solver,
+        threads=options.threads,
+        seed=options.seed,
+        objective=options.objective,
     )
     label = f"milp({options.solver})"
     if result.starts is not None:
         tracker.offer(simulate(problem, sub.orders_from_starts(result.starts)), label)
-    tracker.raise_bound(result.bound / tables.time_scale, f"{label} proven bound")
-    if result.status == "optimal" and tables.exact_time and result.starts is not None:
+    tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), f"{label} proven bound")
+    if result.status == "optimal" and tables.proves_optimality(options.objective) and result.starts is not None:
         tracker.proven = True
     if result.interrupted:
         raise KeyboardInterrupt

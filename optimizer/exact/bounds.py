@@ -51,12 +51,22 @@ def _comm(problem: Problem, a: int, b: int) -> float:
     return problem.comm_time if device[a] != device[b] else 0.0
 
 
-def heads(problem: Problem, memory_aware: bool) -> dict[str, list[list[float]]]:
-    """Earliest start of every op, optionally raised by the memory argument."""
+def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, list[list[float]]]:
+    """Earliest start of every op, optionally raised by the memory argument.
+
+    With `origin` > 0 the heads are measured from the start of stage `origin`'s first
+    forward instead of from time 0: the forwards of the stages before it (and their
+    transfers) count as instantaneous. Every op of those stages' microbatches that
+    depends on a forward of `origin` keeps a valid head in that frame (the span bound
+    below explains why the others do no harm).
+    """
     t = problem.tables()
     S, m = problem.num_stages, problem.num_microbatches
     dur = _durations(problem)
     comm = [_comm(problem, s, s + 1) if s + 1 < S else 0.0 for s in range(S)]
+    if origin > 0:
+        dur = dict(dur, F=tuple(0.0 if s < origin else v for s, v in enumerate(dur["F"])))
+        comm = [0.0 if s < origin else v for s, v in enumerate(comm)]
     head = {k: [[0.0] * m for _ in range(S)] for k in ("F", "B", "W")}
     F, B, W = head["F"], head["B"], head["W"]
 
@@ -193,15 +203,71 @@ def makespan_lower_bound(problem: Problem) -> LowerBound:
     return best
 
 
+def device_tails(problem: Problem, device: int) -> dict[str, list[list[float]]]:
+    """Least time from the end of every op to the end of `device`'s last op (-inf: no path).
+
+    Paths follow the dependencies (with transfers) and each stage's microbatch order
+    (optimizer.exact.canonical); a path counts only when it ends at an op of `device`.
+    """
+    S, m = problem.num_stages, problem.num_microbatches
+    dur = _durations(problem)
+    on_device = [d == device for d in problem.tables().device]
+    comm = [_comm(problem, s, s + 1) if s + 1 < S else 0.0 for s in range(S)]
+    none = -math.inf
+    tail = {k: [[none] * m for _ in range(S)] for k in ("F", "B", "W")}
+    F, B, W = tail["F"], tail["B"], tail["W"]
+
+    def after(kind: str, s: int, i: int, delay: float) -> float:
+        return delay + dur[kind][s] + tail[kind][s][i]
+
+    for i in reversed(range(m)):
+        for s in range(S):
+            q = 0.0 if on_device[s] else none
+            if i + 1 < m:
+                q = max(q, after("W", s, i + 1, 0.0))
+            W[s][i] = q
+        for s in range(S):
+            q = max(0.0 if on_device[s] else none, after("W", s, i, 0.0))
+            if i + 1 < m:
+                q = max(q, after("B", s, i + 1, 0.0))
+            if s > 0:
+                q = max(q, after("B", s - 1, i, comm[s - 1]))
+            B[s][i] = q
+        for s in reversed(range(S)):
+            q = 0.0 if on_device[s] else none
+            q = max(q, after("B", s, i, 0.0) if s == S - 1 else after("F", s + 1, i, comm[s]))
+            if i + 1 < m:
+                q = max(q, after("F", s, i + 1, 0.0))
+            F[s][i] = q
+    return tail
+
+
 def span_lower_bound(problem: Problem) -> LowerBound:
-    """A bound on the longest device span: busy time plus idle forced inside each device."""
-    head = heads(problem, memory_aware=problem.memory_limit is not None)
-    jobs = _device_jobs(problem, head, {k: [[0.0] * problem.num_microbatches for _ in range(problem.num_stages)] for k in head})
-    value = 0.0
-    for device_jobs in jobs:
-        first = min(r for r, _, _ in device_jobs)
-        value = max(value, jackson_preemptive([(r - first, p, q) for r, p, q in device_jobs]))
-    return LowerBound(value, "busy time and forced idle of the busiest device")
+    """A bound on the longest device span: busy time plus the idle forced inside a device.
+
+    A device's span runs from its first start t0 to its last end. In a canonical
+    schedule (optimizer.exact.canonical, which relabels microbatches without changing
+    any device's times) every op of the device waits, directly or not, for a forward of
+    its lowest stage, the first of which starts at t0. Measured from t0, an op's start
+    is therefore at least its head computed with the earlier stages' forwards taken as
+    instantaneous (`heads(..., origin=lowest stage)`; the memory argument still holds,
+    since the frees it counts wait for the device's forwards too), and its end plus
+    `device_tails` is at most the span. The device's ops thus form a one-machine
+    problem with release dates and delivery times in that frame, whose preemptive
+    optimum (Jackson) bounds the span from below. Heads from time 0 would not: a device
+    may start late and then never wait.
+    """
+    memory_aware = problem.memory_limit is not None
+    value, where = 0.0, 0
+    for device in range(problem.num_devices):
+        origin = min(problem.stages_on(device))
+        head = heads(problem, memory_aware, origin=origin)
+        tail = device_tails(problem, device)
+        jobs = _device_jobs(problem, head, tail)[device]
+        bound = jackson_preemptive(jobs)
+        if bound > value:
+            value, where = bound, device
+    return LowerBound(value, f"busy time and forced idle of device {where} (heads and tails from its first start)")
 
 
 def lower_bound(problem: Problem, objective: str = "makespan") -> LowerBound:

@@ -65,7 +65,7 @@ def solve_cpsat_subproblem(
     """
     # --- data -------------------------------------------------------------------------
     n = len(sub.ops)
-    horizon = sub.horizon()
+    horizon = sub.horizon(objective)  # valid for the objective: see SubProblem.horizon
     devices = range(sub.num_devices)
 
     # --- variables --------------------------------------------------------------------
@@ -115,7 +115,9 @@ def solve_cpsat_subproblem(
             model.add_min_equality(first, [start[j] for j in ops_on[d]])
             model.add_max_equality(last, [end[j] for j in ops_on[d]])
             spans.append(last - first)
-        target = model.new_int_var(0, horizon, "longest_span")
+        # No span-optimal solution is longer than the hint's span (the hint is one solution).
+        hint_span = sub.hint_span()
+        target = model.new_int_var(0, horizon if hint_span is None else hint_span, "longest_span")
         for span in spans:
             model.add(target >= span)
     if compact:

@@ -98,11 +98,13 @@ def make_solver(name: str, time_limit: float, threads: int):
         return pulp.getSolver(name, msg=False, timeLimit=time_limit)
 
 
-def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "cbc", threads: int = 1, seed: int = 0) -> MilpResult:
-    """Minimize the makespan of `sub` with a big-M MILP."""
+def solve_milp_subproblem(
+    sub: SubProblem, *, time_limit: float, solver: str = "cbc", threads: int = 1, seed: int = 0, objective: str = "makespan"
+) -> MilpResult:
+    """Minimize the makespan (or the longest device span) of `sub` with a big-M MILP."""
     # --- data -------------------------------------------------------------------------
     n = len(sub.ops)
-    horizon = sub.horizon()
+    horizon = sub.horizon(objective)  # valid for the objective, and the big M: see SubProblem.horizon
     must_follow = _implied_order(sub)
     names = [f"{op.kind}_{op.stage}_{op.microbatch}" for op in sub.ops]
     ops_on = [[j for j in range(n) if sub.device[j] == d] for d in range(sub.num_devices)]
@@ -155,7 +157,20 @@ def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "
         model += makespan >= start[j] + sub.duration[j] + sub.tail[j]
 
     # --- objective --------------------------------------------------------------------
-    model += makespan
+    target = makespan
+    if objective == "span":
+        target = model.add_variable("longest_span", lowBound=0, upBound=horizon)
+        first_start = []
+        for d, d_ops in enumerate(ops_on):
+            if not d_ops:
+                continue
+            first = model.add_variable(f"first_start_{d}", lowBound=0, upBound=horizon)
+            for j in d_ops:
+                model += first <= start[j]
+                # The span only needs the device's first start from below and its ends from above.
+                model += target >= start[j] + sub.duration[j] - first
+            first_start.append((first, d_ops))
+    model += target
 
     if sub.hint is not None:
         for j in range(n):
@@ -163,6 +178,10 @@ def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "
         for (a, b), y in before.items():
             y.setInitialValue(1 if sub.hint[a] < sub.hint[b] else 0)
         makespan.setInitialValue(max([sub.floor] + [sub.hint[j] + sub.duration[j] + sub.tail[j] for j in range(n)]))
+        if objective == "span":
+            for first, d_ops in first_start:
+                first.setInitialValue(min(sub.hint[j] for j in d_ops))
+            target.setInitialValue(sub.hint_span())
 
     # --- solve ------------------------------------------------------------------------
     backend = make_solver(solver, max(1.0, time_limit), threads)
@@ -178,10 +197,10 @@ def solve_milp_subproblem(sub: SubProblem, *, time_limit: float, solver: str = "
         status = "infeasible" if model.sol_status == pulp.LpSolutionInfeasible else "unknown"
         return MilpResult(status, None, None, 0.0, seconds, solver, interrupted)
     starts = [round(s.varValue) for s in start]
-    objective = max([sub.floor] + [starts[j] + sub.duration[j] + sub.tail[j] for j in range(n)])
-    return MilpResult(
-        "optimal" if proven else "feasible", starts, float(objective), objective if proven else bound, seconds, solver, interrupted
-    )
+    value = max([sub.floor] + [starts[j] + sub.duration[j] + sub.tail[j] for j in range(n)])
+    if objective == "span":
+        value = max(max(starts[j] + sub.duration[j] for j in d_ops) - min(starts[j] for j in d_ops) for d_ops in ops_on if d_ops)
+    return MilpResult("optimal" if proven else "feasible", starts, float(value), value if proven else bound, seconds, solver, interrupted)
 
 
 def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | None, float, bool]:

@@ -86,10 +86,8 @@ def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     )
     if result.starts is not None:
         tracker.offer(simulate(problem, sub.orders_from_starts(result.starts)), "cpsat")
-    # The model's bound is on the rounded-down problem, hence valid in real units (timescale).
-    slack = 0 if tables.exact_time or options.objective == "makespan" else 1
-    tracker.raise_bound((result.bound - slack) / scale, "CP-SAT's proven bound")
-    if result.status == "optimal" and tables.exact_time and result.starts is not None:
+    tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), "CP-SAT's proven bound")
+    if result.status == "optimal" and tables.proves_optimality(options.objective) and result.starts is not None:
         tracker.proven = True
     if result.interrupted:
         raise KeyboardInterrupt

@@ -39,11 +39,38 @@ class SubProblem:
     index: dict[Op, int] = field(default_factory=dict)
     transfer_slack: int = 0  # the most transfer time a one-op-at-a-time schedule can add
 
-    def horizon(self) -> int:
-        """A makespan no optimal solution exceeds: the hint's, or everything in sequence."""
+    def horizon(self, objective: str = "makespan") -> int:
+        """A makespan that some optimal solution of the objective does not exceed.
+
+        makespan: the hint's makespan (an optimal solution is no longer than the hint),
+        or, without a hint, every op in sequence after the latest release plus the
+        longest tail and every transfer.
+        span: the hint bounds nothing, since a shorter longest span can need a longer
+        makespan (a device starting later waits less). Take a span-optimal order and
+        its earliest times at the optimal span Z (optimizer.exact.spantiming): each
+        start is the length of a longest path of the order's graph plus span
+        constraints, whose cycles gain nothing, so some longest path crosses each
+        device's span constraint (weight <= 0) at most once. Between crossings it
+        follows the order, at most the sequential bound above; hence the makespan is
+        at most (devices + 1) times that bound.
+        """
+        sequential = max(self.floor, max(self.release, default=0) + sum(self.duration) + max(self.tail, default=0)) + self.transfer_slack
+        if objective == "span":
+            return (self.num_devices + 1) * sequential
         if self.hint is not None:
             return max([self.floor] + [s + d + q for s, d, q in zip(self.hint, self.duration, self.tail)])
-        return max(self.floor, max(self.release, default=0) + sum(self.duration) + max(self.tail, default=0)) + self.transfer_slack
+        return sequential
+
+    def hint_span(self) -> int | None:
+        """The hint's longest device span in ticks: no span-optimal solution exceeds it."""
+        if self.hint is None:
+            return None
+        spans = []
+        for d in range(self.num_devices):
+            mine = [j for j in range(len(self.ops)) if self.device[j] == d]
+            if mine:
+                spans.append(max(self.hint[j] + self.duration[j] for j in mine) - min(self.hint[j] for j in mine))
+        return max(spans, default=0)
 
     def orders_from_starts(self, starts: Sequence[int]) -> list[list[Op]]:
         """The free ops of each device sorted by start time."""

@@ -58,6 +58,28 @@ class IntegerTables:
     def to_time(self, ticks: float) -> float:
         return ticks / self.time_scale
 
+    def bound_to_time(self, ticks: float, objective: str, num_devices: int) -> float:
+        """A lower bound proven on the integer model, as a lower bound in the user's units.
+
+        makespan: mapping a real schedule's order to the rounded-down durations and
+        timing it as soon as possible gives integer times no later than the real ones
+        scaled, so the integer optimum is at most the real one: divide by the scale.
+        span: the real optimum may start ops between ticks. Flooring every start of a
+        real schedule keeps it valid on the rounded durations and lengthens a span by
+        less than one tick, so the real optimum exceeds (integer optimum - 1) ticks. On
+        an exact grid the real optimum of an order is a cycle mean of integer path
+        lengths over at most `num_devices` devices (optimizer.exact.spantiming), so it
+        is a multiple of 1/k for some k <= num_devices and at least (T - 1 + 1/p) ticks.
+        """
+        if objective == "makespan":
+            return ticks / self.time_scale
+        above = 1.0 / num_devices if self.exact_time else 0.0
+        return max(0.0, ticks - 1 + above) / self.time_scale
+
+    def proves_optimality(self, objective: str) -> bool:
+        """Whether an integer model's proof of optimality holds for the real problem."""
+        return self.exact_time and objective == "makespan"
+
     def describe(self) -> str:
         if self.exact_time:
             grid = f"exact time grid of 1/{self.time_scale:g} unit"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.options import Progress, ProgressCallback
+from optimizer.exact.spantiming import retimed_for
 from optimizer.schedule import Schedule
 
 # Two makespans closer than this (relative) are the same: they come from float sums.
@@ -42,9 +43,14 @@ class Tracker:
         return time.monotonic() - self.began
 
     def offer(self, schedule: Schedule, by: str) -> bool:
-        """Keep `schedule` if it fits and is better; report progress when it is."""
+        """Keep `schedule` if it fits and is better; report progress when it is.
+
+        Under the span objective the order is first timed for the least longest span
+        (optimizer.exact.spantiming): as-soon-as-possible times can make a device wait.
+        """
         if not schedule.fits_memory():
             return False
+        schedule = retimed_for(schedule, self.objective)
         value = objective_value(schedule, self.objective)
         if value >= self.best_value * (1 - SAME):
             return False

@@ -1,0 +1,128 @@
+"""Shared test data: random problems, random valid orders and their hypothesis strategies.
+
+Every test module that needs a random problem takes it from here, so that a property
+checked in one place (simulator, validator, bounds, solvers) is checked on the same
+kind of input everywhere.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import strategies as st
+
+from optimizer.problem import Problem, placement_devices
+from optimizer.schedule import Op, op_memory
+from optimizer.simulate import dependency
+
+PLACEMENTS = ("linear", "vshape", "interleaved:2")
+
+
+def random_problem(
+    rng: random.Random,
+    p: int,
+    m: int,
+    placement: str = "linear",
+    *,
+    comm: float | None = None,
+    limit: float | None = None,
+    decimals: int | None = None,
+    forward_memory: tuple[float, ...] = (1.0,),
+) -> Problem:
+    """A problem with random stage times and memory deltas that sum to zero.
+
+    comm: the transfer time (random in [0, 0.3] when None). limit: the memory limit, raised
+    to what one microbatch needs so the problem is feasible (None: unlimited). decimals:
+    round times to this many decimals (an exact time grid for the integer models).
+    forward_memory: the forward allocations to draw from.
+    """
+
+    def time(low: float, high: float) -> float:
+        value = rng.uniform(low, high)
+        return value if decimals is None else max(10.0**-decimals, round(value, decimals))
+
+    stages = []
+    for device in placement_devices(placement, p):
+        allocated = rng.choice(forward_memory)
+        kept = round(rng.uniform(0.2, 0.6) * allocated, 6)
+        stages.append(
+            {
+                "device": device,
+                "forward": time(0.3, 2.0),
+                "backward_input": time(0.3, 2.0),
+                "backward_weight": time(0.1, 1.5),
+                "memory": {"forward": allocated, "backward_input": -(allocated - kept), "backward_weight": -kept},
+            }
+        )
+    data = {
+        "num_devices": p,
+        "num_microbatches": m,
+        "stages": stages,
+        "comm_time": time(0.0, 0.3) if comm is None else comm,
+        "memory_limit": None,
+    }
+    if limit is not None:
+        need = max(Problem.model_validate(data).min_memory_limit())
+        data["memory_limit"] = max(limit, need)
+    return Problem.model_validate(data)
+
+
+def all_ops(problem: Problem, rng: random.Random | None = None, fused_share: float = 0.0) -> list[Op]:
+    """Every op of the problem; with `rng`, each backward is fused with probability `fused_share`."""
+    ops = []
+    for s in range(problem.num_stages):
+        for i in range(problem.num_microbatches):
+            ops.append(Op("F", s, i))
+            fused = rng is not None and rng.random() < fused_share
+            ops += [Op("BW", s, i)] if fused else [Op("B", s, i), Op("W", s, i)]
+    return ops
+
+
+def random_feasible_order(
+    problem: Problem, rng: random.Random, *, fused_share: float = 0.0, respect_memory: bool = False
+) -> list[list[Op]] | None:
+    """A random topological order of all ops, split per device: it never deadlocks.
+
+    With `respect_memory`, an op is only taken when its device stays within the limit;
+    the walk can then get stuck (every ready op overflows), and None is returned.
+    """
+    tables = problem.tables()
+    pending = all_ops(problem, rng, fused_share)
+    done: set[tuple[str, int, int]] = set()
+    usage = [0.0] * problem.num_devices
+    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    while pending:
+        ready = [op for op in pending if _dependency_met(op, problem.num_stages, done)]
+        if respect_memory:
+            ready = [op for op in ready if _fits(tables, usage, op)]
+        if not ready:
+            return None
+        op = rng.choice(ready)
+        pending.remove(op)
+        done.add(("F" if op.kind == "F" else "B" if op.kind in ("B", "BW") else "W", op.stage, op.microbatch))
+        device = tables.device[op.stage]
+        usage[device] += op_memory(tables, op.kind, op.stage)
+        orders[device].append(op)
+    return orders
+
+
+def _dependency_met(op: Op, num_stages: int, done: set) -> bool:
+    dep = dependency(op, num_stages)
+    return dep is None or (dep[0], dep[1], op.microbatch) in done
+
+
+def _fits(tables, usage: list[float], op: Op) -> bool:
+    device = tables.device[op.stage]
+    after = usage[device] + op_memory(tables, op.kind, op.stage)
+    return after <= tables.limit[device] * (1 + 1e-9) or op_memory(tables, op.kind, op.stage) <= 0
+
+
+def problem_cases(max_devices: int = 4, max_microbatches: int = 5, placements=PLACEMENTS, limits=(None, 1.0, 2.0, 4.0)):
+    """A hypothesis strategy of (seed, p, m, placement, limit) for `random_problem`."""
+    return st.tuples(
+        st.integers(0, 10**6),
+        st.integers(1, max_devices),
+        st.integers(1, max_microbatches),
+        st.sampled_from(placements),
+        st.sampled_from(limits),
+    )

@@ -1,0 +1,249 @@
+"""The span objective: its timing, its bounds and its proofs hold against every other schedule.
+
+A bound or an "optimal" claim is checked against schedules found by means that share no
+code with it: every family, random valid orders (timed as soon as possible and for the
+least span), brute force over all orders on tiny problems, and a linear program for the
+best times of a fixed order.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from exact_brute_force import brute_force_optimum, count_orders
+from factories import problem_cases, random_feasible_order, random_problem
+from hypothesis import given, settings
+
+from optimizer.exact import SolveOptions, solve
+from optimizer.exact.bounds import lower_bound
+from optimizer.exact.canonical import canonical
+from optimizer.exact.incumbents import generator_candidates, objective_value
+from optimizer.exact.spantiming import span_times, timed_for
+from optimizer.exact.subproblem import full_subproblem
+from optimizer.exact.timescale import integer_tables, tick_problem
+from optimizer.problem import load_problem
+from optimizer.schedule import Schedule, load_schedule
+from optimizer.schedules import GENERATORS
+from optimizer.simulate import simulate, simulate_times
+from optimizer.validate import validate
+
+import pulp  # isort: skip  (after OR-Tools: see optimizer.exact.milp)
+
+REPRO = Path(__file__).parent / "data" / "span-objective"
+OBJECTIVES = ("makespan", "span")
+# Float sums of a few hundred durations: 1e-9 relative is far above their rounding and
+# far below any real difference between schedules (durations are >= 0.1).
+TOLERANCE = 1e-9
+
+
+def longest_span(devices) -> float:
+    return max(ops[-1].end - ops[0].start for ops in devices if ops)
+
+
+def lp_least_span(problem, orders) -> float:
+    """The least longest span of a fixed order, as a linear program (independent of spantiming)."""
+    asap = simulate(problem, orders).devices
+    model = pulp.LpProblem("least_span", pulp.LpMinimize)
+    start = {}
+    for d, ops in enumerate(asap):
+        for k in range(len(ops)):
+            start[(d, k)] = pulp.LpVariable(f"s_{d}_{k}", lowBound=0)
+    end = {op.op: (d, k) for d, ops in enumerate(asap) for k, op in enumerate(ops)}
+    span = pulp.LpVariable("span", lowBound=0)
+    model += span
+    for d, ops in enumerate(asap):
+        for k, t in enumerate(ops):
+            duration = t.end - t.start
+            if k + 1 < len(ops):
+                model += start[(d, k + 1)] >= start[(d, k)] + duration
+            model += span >= start[(d, k)] + duration - start[(d, 0)]
+            op = t.op
+            if op.kind == "F" and op.stage > 0:
+                dep_key = next(key for key in end if key.kind == "F" and key.stage == op.stage - 1 and key.microbatch == op.microbatch)
+            elif op.kind in ("B", "BW"):
+                last = op.stage == problem.num_stages - 1
+                wanted = ("F",) if last else ("B", "BW")
+                stage = op.stage if last else op.stage + 1
+                dep_key = next(key for key in end if key.kind in wanted and key.stage == stage and key.microbatch == op.microbatch)
+            elif op.kind == "W":
+                dep_key = next(key for key in end if key.kind == "B" and key.stage == op.stage and key.microbatch == op.microbatch)
+            else:
+                continue
+            dd, kk = end[dep_key]
+            dep_t = asap[dd][kk]
+            delay = problem.comm_time if dd != d else 0.0
+            model += start[(d, k)] >= start[(dd, kk)] + (dep_t.end - dep_t.start) + delay
+    model.solve(pulp.PULP_CBC_CMD(msg=False))
+    assert pulp.LpStatus[model.status] == "Optimal"
+    return pulp.value(span)
+
+
+def other_schedules(problem, rng: random.Random, count: int = 6) -> list[Schedule]:
+    """Valid schedules found without the solver: families and random orders, both timings."""
+    schedules = [c.schedule for c in generator_candidates(problem)[0] if c.fits]
+    for _ in range(count):
+        orders = random_feasible_order(problem, rng, respect_memory=True)
+        if orders is not None:
+            schedules.append(simulate(problem, orders))
+    schedules += [Schedule(problem, "retimed", span_times(problem, s.order())) for s in list(schedules)]
+    fitting = [s for s in schedules if s.fits_memory()]
+    for schedule in fitting:
+        assert validate(problem, schedule.devices) == []
+    return fitting
+
+
+# --- the least-span timing of a fixed order ----------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(problem_cases(max_devices=4, max_microbatches=4, limits=(None,)))
+def test_span_timing_is_valid_never_longer_than_asap_and_equals_the_linear_program(case):
+    seed, p, m, placement, _ = case
+    rng = random.Random(seed)
+    problem = random_problem(rng, p, m, placement)
+    orders = random_feasible_order(problem, rng, fused_share=0.3)
+    asap = simulate(problem, orders).devices
+    timed = span_times(problem, orders)
+    assert validate(problem, timed) == []
+    assert [[t.op for t in ops] for ops in timed] == [[t.op for t in ops] for ops in asap]
+    assert longest_span(timed) <= longest_span(asap) * (1 + TOLERANCE)
+    # CBC's simplex is exact to about 1e-9 absolute on spans of 1-100 units.
+    assert longest_span(timed) == pytest.approx(lp_least_span(problem, orders), rel=1e-7, abs=1e-7)
+
+
+def test_span_timing_starts_a_waiting_device_later():
+    # ZB-H2 on 3 uneven devices (found by search over seeds): the device with the longest
+    # ASAP span waits after its first ops; starting it later shortens the longest span
+    # from 14.2 to 14.0 without changing the order, at a makespan no shorter.
+    problem = random_problem(random.Random(31), 3, 4, comm=0.1, decimals=1)
+    orders = GENERATORS["zb-h2"].build(problem)
+    asap, timed = simulate(problem, orders).devices, span_times(problem, orders)
+    assert longest_span(asap) == pytest.approx(14.2)
+    assert longest_span(timed) == pytest.approx(14.0)
+    assert max(ops[-1].end for ops in timed) >= max(ops[-1].end for ops in asap) - TOLERANCE
+
+
+# --- bounds never above any schedule, proofs never beaten ---------------------------------------
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(problem_cases())
+def test_lower_bounds_never_exceed_any_valid_schedule(case):
+    seed, p, m, placement, limit = case
+    rng = random.Random(seed)
+    problem = random_problem(rng, p, m, placement, limit=limit)
+    schedules = other_schedules(problem, rng)
+    assert schedules, "the families always include a schedule within one microbatch's memory"
+    for objective in OBJECTIVES:
+        bound = lower_bound(problem, objective).value
+        best = min(objective_value(s, objective) for s in schedules)
+        assert bound <= best * (1 + TOLERANCE), objective
+
+
+TINY = [
+    (1, 2, 2, "linear", None),
+    (2, 2, 2, "linear", 1.0),
+    (3, 2, 2, "linear", None),
+    (4, 2, 1, "vshape", None),
+    (5, 3, 1, "linear", None),
+    (6, 2, 3, "linear", 1.0),
+]
+
+
+@pytest.mark.parametrize("case", TINY, ids=lambda c: f"seed{c[0]}-p{c[1]}-m{c[2]}-{c[3]}-limit{c[4]}")
+def test_bounds_and_solver_against_brute_force(case):
+    seed, p, m, placement, limit = case
+    problem = random_problem(random.Random(seed), p, m, placement, limit=limit, decimals=2)
+    assert count_orders(problem) <= 5000  # keeps brute force to a few seconds
+    for objective in OBJECTIVES:
+        optimum = brute_force_optimum(problem, objective)
+        assert lower_bound(problem, objective).value <= optimum * (1 + TOLERANCE), objective
+        for method in ("auto", "cpsat"):
+            result = solve(problem, method, SolveOptions(time_limit=3, objective=objective, threads=1))
+            value = objective_value(result, objective)
+            assert validate(problem, result.devices) == []
+            assert value >= optimum * (1 - TOLERANCE), (objective, method)
+            assert result.metrics.lower_bound <= optimum * (1 + TOLERANCE), (objective, method)
+            if result.metrics.status == "optimal":
+                assert value <= optimum * (1 + TOLERANCE), (objective, method)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_milp_span_bound_and_proof_hold_against_brute_force(seed):
+    problem = random_problem(random.Random(40 + seed), 2, 2, limit=[None, 1.0][seed % 2], decimals=2)
+    optimum = brute_force_optimum(problem, "span")
+    result = solve(problem, "milp", SolveOptions(time_limit=10, objective="span", threads=1))
+    assert result.metrics.lower_bound <= optimum * (1 + TOLERANCE)
+    assert objective_value(result, "span") >= optimum * (1 - TOLERANCE)
+    if result.metrics.status == "optimal":
+        assert objective_value(result, "span") <= optimum * (1 + TOLERANCE)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(problem_cases(max_devices=4, max_microbatches=6))
+def test_solver_bound_and_status_hold_against_other_schedules(case):
+    seed, p, m, placement, limit = case
+    rng = random.Random(seed)
+    problem = random_problem(rng, p, m, placement, limit=limit)
+    schedules = other_schedules(problem, rng)
+    for objective in OBJECTIVES:
+        result = solve(problem, "auto", SolveOptions(time_limit=1.5, objective=objective, threads=1))
+        best_other = min(objective_value(s, objective) for s in schedules)
+        value = objective_value(result, objective)
+        assert result.metrics.lower_bound <= best_other * (1 + TOLERANCE), objective
+        assert value <= best_other * (1 + TOLERANCE), objective  # never worse than a known schedule
+        if result.metrics.status == "optimal":
+            assert value <= best_other * (1 + TOLERANCE)
+
+
+# --- the reported false proof ---------------------------------------------------------------
+
+
+def test_span_repro_bound_and_status_hold_against_the_shorter_schedule():
+    problem = load_problem(REPRO / "problem.json")
+    shorter = load_schedule(REPRO / "schedule.json")  # valid: longest span 109.121 at makespan 112.933
+    known = objective_value(shorter, "span")
+    assert known == pytest.approx(109.121, abs=1e-9)
+    # Its own order, timed for the span, is at least as short as the file's times.
+    assert longest_span(timed_for(problem, shorter.order(), "span").devices) <= known * (1 + TOLERANCE)
+    result = solve(problem, "auto", SolveOptions(time_limit=8, objective="span", threads=1))
+    value = objective_value(result, "span")
+    assert result.metrics.lower_bound <= known * (1 + TOLERANCE)
+    if result.metrics.status == "optimal":
+        assert value <= known * (1 + TOLERANCE)
+    assert lower_bound(problem, "span").value <= known * (1 + TOLERANCE)
+
+
+def test_span_model_horizon_admits_a_shorter_span_at_a_longer_makespan():
+    # The incumbent (greedy: makespan 111.14) must not cap the span model: the shorter
+    # longest span (109.121) needs makespan 112.933. Capping end times at the hint's
+    # makespan made the model prove 109.356 "optimal".
+    problem = load_problem(REPRO / "problem.json")
+    shorter = load_schedule(REPRO / "schedule.json")
+    tables = integer_tables(problem)
+    incumbent = min((c.schedule for c in generator_candidates(problem)[0] if c.fits), key=lambda s: s.makespan)
+    hint = simulate_times(tick_problem(problem, tables), canonical(incumbent.order()))
+    sub = full_subproblem(problem, tables, hint)
+    needed = max(tables.ticks(ops[-1].end) for ops in shorter.devices)
+    assert sub.horizon("makespan") < needed  # valid for makespan: the hint is shorter
+    assert sub.horizon("span") >= needed
+    assert sub.hint_span() >= tables.ticks(objective_value(shorter, "span"))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(problem_cases(max_devices=4, max_microbatches=4))
+def test_span_horizon_contains_the_span_timing_of_every_order(case):
+    # SubProblem.horizon("span") claims: the earliest times of an order at its least span
+    # end within (devices + 1) times the sequential bound.
+    seed, p, m, placement, limit = case
+    rng = random.Random(seed)
+    problem = random_problem(rng, p, m, placement, limit=limit, decimals=2)
+    tables = integer_tables(problem)
+    ticks = tick_problem(problem, tables)
+    sub = full_subproblem(problem, tables)
+    for _ in range(5):
+        orders = random_feasible_order(problem, rng)
+        timed = span_times(ticks, orders)
+        assert max(ops[-1].end for ops in timed) <= sub.horizon("span") * (1 + TOLERANCE)
