@@ -7,6 +7,7 @@ import time
 
 import pytest
 from exact_brute_force import brute_force_optimum
+from factories import random_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,33 +16,10 @@ from optimizer.exact.bounds import jackson_preemptive, lower_bound
 from optimizer.exact.devicebound import DeviceRelaxation, device_subset_bound
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.listsched import list_schedule, policies
-from optimizer.problem import Problem, placement_devices, uniform_problem
+from optimizer.problem import Problem, uniform_problem
 from optimizer.simulate import simulate
 
-
-def random_problem(rng: random.Random, p: int, m: int, placement: str, limit: float | None) -> Problem:
-    stages = []
-    for device in placement_devices(placement, p):
-        kept = rng.uniform(0.1, 0.7)
-        stages.append(
-            {
-                "device": device,
-                "forward": rng.uniform(0.3, 2.0),
-                "backward_input": rng.uniform(0.3, 2.0),
-                "backward_weight": rng.uniform(0.1, 1.5),
-                "memory": {"forward": 1.0, "backward_input": -(1.0 - kept), "backward_weight": -kept},
-            }
-        )
-    per_device = len(stages) // p
-    return Problem.model_validate(
-        {
-            "num_devices": p,
-            "num_microbatches": m,
-            "stages": stages,
-            "comm_time": rng.uniform(0, 0.3),
-            "memory_limit": None if limit is None else max(limit, per_device),
-        }
-    )
+pytestmark = pytest.mark.solver
 
 
 def test_jackson_preemptive_schedule_on_a_textbook_instance():
@@ -59,7 +37,7 @@ def test_jackson_preemptive_schedule_on_a_textbook_instance():
     limit=st.one_of(st.none(), st.floats(1.0, 6.0)),
 )
 def test_bound_never_exceeds_any_valid_schedule(seed, p, m, placement, limit):
-    problem = random_problem(random.Random(seed), p, m, placement, limit)
+    problem = random_problem(random.Random(seed), p, m, placement, limit=limit)
     bound = lower_bound(problem).value
     for schedule in valid_schedules(problem):
         assert bound <= schedule.makespan * (1 + 1e-9)
@@ -78,7 +56,7 @@ def valid_schedules(problem: Problem) -> list:
 @pytest.mark.parametrize("seed", range(4))
 def test_bound_never_exceeds_the_brute_force_optimum(seed):
     rng = random.Random(seed)
-    problem = random_problem(rng, 2, 2, "linear", rng.choice([None, 1.3, 1.6]))
+    problem = random_problem(rng, 2, 2, "linear", limit=rng.choice([None, 1.3, 1.6]))
     assert lower_bound(problem).value <= brute_force_optimum(problem) * (1 + 1e-9)
 
 
@@ -113,14 +91,15 @@ def _relaxation_value(problem: Problem, devices, upper: float) -> tuple[float, b
     return ticks / relax.tables.time_scale, closed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
 def test_device_relaxation_never_exceeds_the_brute_force_optimum(seed):
     rng = random.Random(100 + seed)
     # Three microbatches only under a tight limit: unlimited, brute force takes minutes.
     if seed % 2:
-        problem = random_problem(rng, 2, 2, "linear", rng.choice([None, 1.3, 1.6, 2.2]))
+        problem = random_problem(rng, 2, 2, "linear", limit=rng.choice([None, 1.3, 1.6, 2.2]))
     else:
-        problem = random_problem(rng, 2, 3, "linear", rng.choice([1.0, 1.3]))
+        problem = random_problem(rng, 2, 3, "linear", limit=rng.choice([1.0, 1.3]))
     optimum = brute_force_optimum(problem)
     upper = min(c.schedule.makespan for c in generator_candidates(problem)[0] if c.fits)
     for devices in ([0], [1]):
@@ -141,16 +120,17 @@ def test_device_relaxation_never_exceeds_the_brute_force_optimum(seed):
     placement=st.sampled_from(["linear", "vshape", "interleaved:2"]),
     limit=st.one_of(st.none(), st.floats(1.0, 4.0)),
 )
+@pytest.mark.slow
 def test_device_subset_bound_never_exceeds_any_valid_schedule(seed, p, m, placement, limit):
-    problem = random_problem(random.Random(seed), p, m, placement, limit)
+    problem = random_problem(random.Random(seed), p, m, placement, limit=limit)
     schedules = valid_schedules(problem)
-    if not schedules:
-        return
+    assert schedules, "the families and list policies include a schedule within one microbatch's memory"
     upper = min(s.makespan for s in schedules)
     bound = device_subset_bound(problem, upper=upper, deadline=time.monotonic() + 3, threads=1, max_ops=10**6)
     assert bound <= upper * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_device_subset_bound_is_stronger_under_a_tight_limit_yet_below_the_proven_optimum():
     # Zero Bubble timings, 4 devices, room for 2 activations: the preemptive bound sees
     # 37.12, the relaxations 37.72, and CP-SAT proves the optimum 38.80.
@@ -162,6 +142,7 @@ def test_device_subset_bound_is_stronger_under_a_tight_limit_yet_below_the_prove
     assert bound <= optimum.makespan * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_auto_reports_the_relaxation_bound():
     problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=2.0)
     reasons = []

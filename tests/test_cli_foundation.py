@@ -104,6 +104,7 @@ def test_compare_keeps_hand_schedules_when_no_schedule_fits(tmp_path):
     assert rows["greedy"]["makespan"] is None and "smallest limit that fits is 1" in rows["greedy"]["note"]
 
 
+@pytest.mark.slow
 def test_demo_writes_a_solved_schedule_no_worse_than_any_fitting_family(tmp_path, capsys):
     from optimizer.demo import example_problem, main
     from optimizer.schedules import generate_all

@@ -4,10 +4,10 @@ auto never worse than the known schedules, infeasibility and time limits reporte
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 from exact_brute_force import brute_force_optimum
+from factories import random_problem
 
 from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact import SolveOptions, solve
@@ -17,10 +17,12 @@ from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.milp import solve_milp_subproblem
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
-from optimizer.problem import Problem, placement_devices, uniform_problem
+from optimizer.problem import Problem, uniform_problem
 from optimizer.schedules import GENERATORS
 from optimizer.simulate import simulate
 from optimizer.validate import validate
+
+pytestmark = pytest.mark.solver
 
 # Makespans are float sums; two equal optima may differ in the last bits.
 CLOSE = 1e-9
@@ -33,23 +35,9 @@ def zb_problem(p: int, m: int, limit: float | None = None, placement: str = "lin
     )
 
 
-def random_problem(seed: int, p: int, m: int, placement: str = "linear", limit: float | None = None) -> Problem:
-    rng = random.Random(seed)
-    stages = []
-    for device in placement_devices(placement, p):
-        kept = round(rng.uniform(0.2, 0.6), 2)
-        stages.append(
-            {
-                "device": device,
-                "forward": round(rng.uniform(0.5, 2.0), 2),
-                "backward_input": round(rng.uniform(0.5, 2.0), 2),
-                "backward_weight": round(rng.uniform(0.2, 1.2), 2),
-                "memory": {"forward": 1.0, "backward_input": -(1.0 - kept), "backward_weight": -kept},
-            }
-        )
-    return Problem.model_validate(
-        {"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": round(rng.uniform(0, 0.3), 2), "memory_limit": limit}
-    )
+def seeded_problem(seed: int, p: int, m: int, placement: str = "linear", limit: float | None = None) -> Problem:
+    """A random problem on an exact time grid (two decimals), so the models can prove optimality."""
+    return random_problem(random.Random(seed), p, m, placement, limit=limit, decimals=2)
 
 
 def assert_valid(schedule) -> None:
@@ -60,10 +48,10 @@ def assert_valid(schedule) -> None:
 TINY = [
     pytest.param(zb_problem(2, 2), id="p2-m2-zb"),
     pytest.param(zb_problem(2, 3, limit=1.5), id="p2-m3-zb-limit1.5"),
-    pytest.param(random_problem(1, 2, 2), id="p2-m2-random1"),
-    pytest.param(random_problem(2, 2, 2, limit=1.5), id="p2-m2-random2-limit1.5"),
-    pytest.param(random_problem(3, 2, 3, limit=1.5), id="p2-m3-random3-limit1.5"),
-    pytest.param(random_problem(4, 2, 1, placement="vshape"), id="p2-m1-vshape"),
+    pytest.param(seeded_problem(1, 2, 2), id="p2-m2-random1"),
+    pytest.param(seeded_problem(2, 2, 2, limit=1.5), id="p2-m2-random2-limit1.5"),
+    pytest.param(seeded_problem(3, 2, 3, limit=1.5), id="p2-m3-random3-limit1.5"),
+    pytest.param(seeded_problem(4, 2, 1, placement="vshape"), id="p2-m1-vshape"),
 ]
 
 
@@ -93,8 +81,8 @@ def test_auto_matches_brute_force(problem):
 
 AGREE = [
     pytest.param(zb_problem(3, 3, limit=2.0), id="p3-m3-zb-limit2"),
-    pytest.param(random_problem(5, 3, 3), id="p3-m3-random"),
-    pytest.param(random_problem(6, 2, 4, limit=2.0), id="p2-m4-random-limit2"),
+    pytest.param(seeded_problem(5, 3, 3), id="p3-m3-random"),
+    pytest.param(seeded_problem(6, 2, 4, limit=2.0), id="p2-m4-random-limit2"),
     pytest.param(zb_problem(2, 2, placement="vshape", limit=2.5), id="p2-m2-vshape-limit2.5"),
 ]
 
@@ -128,7 +116,7 @@ def test_cpsat_and_milp_reach_the_same_optimum(problem, backend):
 
 @pytest.mark.parametrize("backend", ["cbc", "highs"])
 def test_milp_method_reports_a_proven_optimum(backend):
-    schedule = solve(random_problem(5, 3, 3, limit=2.0), "milp", SolveOptions(time_limit=30, solver=backend))
+    schedule = solve(seeded_problem(5, 3, 3, limit=2.0), "milp", SolveOptions(time_limit=30, solver=backend))
     assert_valid(schedule)
     assert schedule.metrics.status == "optimal" and schedule.metrics.gap == 0.0
 
@@ -141,13 +129,14 @@ def test_unknown_milp_solver_is_an_input_error():
 NEVER_WORSE = [
     pytest.param(zb_problem(4, 8), id="p4-m8-unlimited"),
     pytest.param(zb_problem(4, 8, limit=4.0), id="p4-m8-limit4"),
-    pytest.param(random_problem(7, 4, 8, limit=3.0), id="p4-m8-random-limit3"),
+    pytest.param(seeded_problem(7, 4, 8, limit=3.0), id="p4-m8-random-limit3"),
     pytest.param(zb_problem(4, 8, placement="vshape", limit=5.0), id="p4-m8-vshape-limit5"),
     pytest.param(zb_problem(4, 8, placement="interleaved:2"), id="p4-m8-interleaved2"),
-    pytest.param(random_problem(8, 8, 16, limit=8.0), id="p8-m16-random-limit8"),
+    pytest.param(seeded_problem(8, 8, 16, limit=8.0), id="p8-m16-random-limit8"),
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", NEVER_WORSE)
 def test_auto_is_never_worse_than_a_known_schedule_that_fits(problem):
     generators, _ = generator_candidates(problem)
@@ -210,17 +199,15 @@ def test_smallest_limit_is_feasible_and_solved():
     assert max(schedule.metrics.peak_memory) <= 2.0 + 1e-9
 
 
-def test_time_limit_is_respected():
+def test_short_time_limit_still_returns_a_valid_schedule():
+    # How far past its limit the solver stops is measured in benchmarks/timelimit.py.
     problem = zb_problem(8, 32, limit=5.0)
-    began = time.monotonic()
     schedule = solve(problem, "auto", SolveOptions(time_limit=2))
-    elapsed = time.monotonic() - began
     assert_valid(schedule)
-    # The solver stops within 1 s of its limit (measured: 0.0-0.9 s over, up to p=32,
-    # m=256); one more second absorbs a loaded test machine.
-    assert elapsed < 2 + 1 + 1
+    assert schedule.metrics.solve_seconds is not None
 
 
+@pytest.mark.slow
 def test_interrupt_returns_the_best_so_far():
     problem = zb_problem(4, 16, limit=3.0)
     seen = []
@@ -244,6 +231,7 @@ def test_interrupt_before_any_schedule_propagates():
         solve(zb_problem(2, 2), "auto", SolveOptions(time_limit=5), on_progress=interrupt_at_once)
 
 
+@pytest.mark.slow
 def test_progress_reports_incumbent_and_bound():
     reports = []
     solve(zb_problem(4, 8, limit=3.0), "auto", SolveOptions(time_limit=3), on_progress=reports.append)
@@ -284,6 +272,7 @@ def test_unknown_method_and_objective_are_input_errors():
         solve(zb_problem(2, 2), "auto", SolveOptions(objective="latency"))
 
 
+@pytest.mark.slow
 def test_span_objective_is_solved():
     schedule = solve(zb_problem(3, 4, limit=2.0), "cpsat", SolveOptions(time_limit=20, objective="span"))
     assert_valid(schedule)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from optimizer.cli import app
 from optimizer.problem import uniform_problem
 from optimizer.schedule import load_schedule
+
+pytestmark = pytest.mark.solver
 
 runner = CliRunner()
 
@@ -57,6 +60,7 @@ def test_solve_unknown_objective_is_exit_2(tmp_path):
     assert "objective" in result.stderr
 
 
+@pytest.mark.slow
 def test_pareto_command_writes_curve_and_plot(tmp_path):
     problem = write_problem(tmp_path)
     curve, plot = tmp_path / "curve.json", tmp_path / "curve.svg"

@@ -10,6 +10,8 @@ from optimizer.errors import InputError
 from optimizer.exact import SolveOptions, pareto, parse_limits, plot_pareto
 from optimizer.problem import uniform_problem
 
+pytestmark = [pytest.mark.solver, pytest.mark.slow]
+
 
 def test_parse_limits():
     assert parse_limits("1:3:0.5") == [1.0, 1.5, 2.0, 2.5, 3.0]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from optimizer.problem import load_problem
 from optimizer.schedule import load_schedule
 from runtime.cli import app
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
 runner = CliRunner()
 MODEL = "example:layers=3,hidden=32,heads=2,vocab=64,seq_len=16,split=1/2"

@@ -21,6 +21,8 @@ from optimizer.schedules import generate
 from runtime.cli import app
 from runtime.models import GPTConfig, build_example
 
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+
 runner = CliRunner()
 TINY = GPTConfig(layers=2, hidden=32, heads=2, vocab=64, seq_len=16)
 _builds = {"count": 0}

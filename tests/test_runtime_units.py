@@ -15,6 +15,8 @@ from runtime.models import GPTConfig, build_example, even_split, load_model
 from runtime.plan import ACTIVATION, GRADIENT, build_plans
 from runtime.profile import profiling_schedule
 
+pytestmark = pytest.mark.runtime
+
 torch.set_num_threads(1)
 TINY = GPTConfig(layers=4, hidden=32, heads=2, vocab=64, seq_len=16)
 

@@ -4,67 +4,32 @@ from __future__ import annotations
 
 import random
 
+import factories
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from optimizer.errors import DeadlockError
-from optimizer.problem import Problem, placement_devices
+from optimizer.problem import Problem
 from optimizer.schedule import Op, TimedOp, peak_memory
-from optimizer.simulate import dependency, simulate, simulate_times
+from optimizer.simulate import simulate, simulate_times
 from optimizer.validate import validate
 
 
 def random_problem(rng: random.Random, p: int, m: int, placement: str, comm: float, limit: float | None) -> Problem:
-    stages = []
-    for device in placement_devices(placement, p):
-        forward_mem = rng.choice([0.5, 1.0, 2.0])
-        kept = rng.uniform(0, forward_mem)
-        stages.append(
-            {
-                "device": device,
-                "forward": rng.uniform(0.5, 2.0),
-                "backward_input": rng.uniform(0.5, 2.0),
-                "backward_weight": rng.uniform(0.2, 1.5),
-                "memory": {"forward": forward_mem, "backward_input": -(forward_mem - kept), "backward_weight": -kept},
-            }
-        )
-    return Problem.model_validate({"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": comm, "memory_limit": limit})
-
-
-def all_ops(problem: Problem, rng: random.Random) -> list[Op]:
-    """Every op of the problem; each (stage, microbatch) picks split or fused backward."""
-    ops = []
-    for s in range(problem.num_stages):
-        for i in range(problem.num_microbatches):
-            ops.append(Op("F", s, i))
-            ops += [Op("BW", s, i)] if rng.random() < 0.3 else [Op("B", s, i), Op("W", s, i)]
-    return ops
+    """Forward allocations of several sizes, so memory checks see uneven stages."""
+    return factories.random_problem(rng, p, m, placement, comm=comm, limit=limit, forward_memory=(0.5, 1.0, 2.0))
 
 
 def random_feasible_order(problem: Problem, rng: random.Random) -> list[list[Op]]:
-    """A random topological order of all ops, split per device: never deadlocks."""
-    ops = all_ops(problem, rng)
-    done: set[tuple[str, int, int]] = set()
-    pending = list(ops)
-    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
-    while pending:
-        ready = [op for op in pending if _dependency_met(op, problem.num_stages, done)]
-        op = rng.choice(ready)
-        pending.remove(op)
-        done.add(("F" if op.kind == "F" else "B" if op.kind in ("B", "BW") else "W", op.stage, op.microbatch))
-        orders[problem.stages[op.stage].device].append(op)
+    orders = factories.random_feasible_order(problem, rng, fused_share=0.3)
+    assert orders is not None  # without respect_memory the walk never gets stuck
     return orders
-
-
-def _dependency_met(op: Op, num_stages: int, done: set) -> bool:
-    dep = dependency(op, num_stages)
-    return dep is None or (dep[0], dep[1], op.microbatch) in done
 
 
 def random_shuffled_order(problem: Problem, rng: random.Random) -> list[list[Op]]:
     orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
-    for op in all_ops(problem, rng):
+    for op in factories.all_ops(problem, rng, fused_share=0.3):
         orders[problem.stages[op.stage].device].append(op)
     for ops in orders:
         rng.shuffle(ops)
@@ -133,8 +98,7 @@ def test_any_op_moved_earlier_is_caught(case):
     problem = random_problem(rng, p, m, placement, comm, None)
     devices = simulate_times(problem, random_feasible_order(problem, rng))
     movable = [(d, k) for d, ops in enumerate(devices) for k, op in enumerate(ops) if op.start > 1e-6]
-    if not movable:
-        return
+    assert movable  # every device's backward starts after its forward
     d, k = rng.choice(movable)
     op = devices[d][k]
     shift = min(op.start, 0.05)
@@ -153,7 +117,8 @@ def test_memory_violation_iff_peak_over_limit(case, fraction):
     tables = unlimited.tables()
     peaks = [peak_memory(tables, ops) for ops in order]
     limit = max(max(peaks) * fraction, max(tables.mem_forward))
-    limited = random_problem(random.Random(seed), p, m, placement, comm, limit)
+    # Any limit from one forward up, below a microbatch's need too: the validator must say so.
+    limited = Problem.model_validate({**unlimited.model_dump(), "memory_limit": limit})
     violations = validate(limited, simulate_times(limited, order))
     over = any(peak > limit * (1 + 1e-9) for peak in peaks)
     assert any(v.startswith("memory:") for v in violations) == over

@@ -31,6 +31,8 @@ from optimizer.validate import validate
 
 import pulp  # isort: skip  (after OR-Tools: see optimizer.exact.milp)
 
+pytestmark = pytest.mark.solver
+
 REPRO = Path(__file__).parent / "data" / "span-objective"
 OBJECTIVES = ("makespan", "span")
 # Float sums of a few hundred durations: 1e-9 relative is far above their rounding and
@@ -152,6 +154,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", TINY, ids=lambda c: f"seed{c[0]}-p{c[1]}-m{c[2]}-{c[3]}-limit{c[4]}")
 def test_bounds_and_solver_against_brute_force(case):
     seed, p, m, placement, limit = case
@@ -170,6 +173,7 @@ def test_bounds_and_solver_against_brute_force(case):
                 assert value <= optimum * (1 + TOLERANCE), (objective, method)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_milp_span_bound_and_proof_hold_against_brute_force(seed):
     problem = random_problem(random.Random(40 + seed), 2, 2, limit=[None, 1.0][seed % 2], decimals=2)
@@ -181,6 +185,7 @@ def test_milp_span_bound_and_proof_hold_against_brute_force(seed):
         assert objective_value(result, "span") <= optimum * (1 + TOLERANCE)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, derandomize=True)
 @given(problem_cases(max_devices=4, max_microbatches=6))
 def test_solver_bound_and_status_hold_against_other_schedules(case):
@@ -201,6 +206,7 @@ def test_solver_bound_and_status_hold_against_other_schedules(case):
 # --- the reported false proof ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_span_repro_bound_and_status_hold_against_the_shorter_schedule():
     problem = load_problem(REPRO / "problem.json")
     shorter = load_schedule(REPRO / "schedule.json")  # valid: longest span 109.121 at makespan 112.933

@@ -16,7 +16,6 @@ from optimizer.exact.bounds import lower_bound
 from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
 from optimizer.exact.incumbents import Candidate, closest
-from optimizer.exact.milp import make_solver, solve_milp_subproblem
 from optimizer.exact.options import ProgressCallback, SolveOptions
 from optimizer.exact.portfolio import solve_auto, starting_points, whole_model
 from optimizer.exact.subproblem import full_subproblem
@@ -59,7 +58,7 @@ def solve(
     if options.time_limit <= 0:
         raise InputError(f"time_limit: must be positive, got {options.time_limit:g}")
     if method == "milp":
-        make_solver(options.solver, options.time_limit, options.threads)  # an unknown name fails now, not later
+        _milp().make_solver(options.solver, options.time_limit, options.threads)  # an unknown name fails now, not later
     check_memory_feasible(problem)
     tracker = Tracker(options.objective, options.time_limit, on_progress)
     bound = lower_bound(problem, options.objective)
@@ -88,6 +87,15 @@ def solve(
     return schedule
 
 
+def _milp():
+    """The MILP module, imported on first use: PuLP is an optional extra (pipesched[milp])."""
+    try:
+        from optimizer.exact import milp
+    except ImportError as error:
+        raise InputError(f"method: milp needs PuLP ({error}); install it with pip install 'pipesched[milp]'") from None
+    return milp
+
+
 def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
     tables = integer_tables(problem)
     hint = None
@@ -96,7 +104,7 @@ def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> No
     sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
     tracker.models_ran = True
     tracker.report(f"milp, {tables.describe()}")  # says whether the time grid is exact
-    result = solve_milp_subproblem(
+    result = _milp().solve_milp_subproblem(
         sub,
         time_limit=max(1.0, tracker.left()),
         solver=options.solver,

@@ -1,0 +1,75 @@
+"""Time-limit benchmark: how far past `--time-limit` each solver method returns, by size.
+
+A time limit is a promise for every accepted size. For each case (Zero Bubble timings,
+linear and V placements, memory at 1F1B's level, from p = 4, m = 16 up to p = 32, m = 256)
+and each method, `solve` runs with the given limit and the wall-clock time of the whole
+call is measured: overrun = elapsed - limit. The table is printed and saved to
+benchmarks/results/timelimit.json. The promise the README states is the largest overrun
+measured here, rounded up.
+
+    python benchmarks/timelimit.py [--time-limit 2] [--methods auto,cpsat]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console
+from rich.table import Table
+
+from optimizer.exact import SolveOptions, solve
+from optimizer.io import write_json_atomic
+from optimizer.problem import uniform_problem
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIZES = ((4, 16), (8, 32), (16, 64), (32, 128), (32, 256))
+
+
+def cases():
+    for p, m in SIZES:
+        yield f"p{p}-m{m}-linear", uniform_problem(p, m, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=p)
+        yield (
+            f"p{p}-m{m}-vshape",
+            uniform_problem(
+                p, m, 0.5, 0.5, 0.3, comm_time=0.03, placement="vshape", mem_forward=0.5, mem_backward_input=-0.315, memory_limit=p / 2
+            ),
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=2.0, help="Solver time limit per case (s).")
+    parser.add_argument("--methods", default="auto,cpsat", help="Comma-separated methods.")
+    args = parser.parse_args()
+    rows = []
+    for name, problem in cases():
+        for method in args.methods.split(","):
+            began = time.monotonic()
+            schedule = solve(problem, method, SolveOptions(time_limit=args.time_limit, threads=2))
+            elapsed = time.monotonic() - began
+            ops = sum(len(ops) for ops in schedule.devices)
+            rows.append({"case": name, "method": method, "ops": ops, "elapsed": elapsed, "overrun": elapsed - args.time_limit})
+            print(f"{name:20s} {method:6s} {ops:6d} ops  {elapsed:6.2f} s  overrun {elapsed - args.time_limit:+.2f} s", flush=True)
+    table = Table(title=f"solve --time-limit {args.time_limit:g}: wall-clock time of the whole call")
+    for column in ("case", "method", "ops", "elapsed (s)", "overrun (s)"):
+        table.add_column(column, justify="left" if column in ("case", "method") else "right")
+    for row in rows:
+        table.add_row(row["case"], row["method"], str(row["ops"]), f"{row['elapsed']:.2f}", f"{row['overrun']:+.2f}")
+    Console().print(table)
+    worst = max(row["overrun"] for row in rows)
+    print(f"largest overrun: {worst:+.2f} s")
+    RESULTS.mkdir(exist_ok=True)
+    write_json_atomic(
+        RESULTS / "timelimit.json",
+        {"machine": platform.platform(), "time_limit": args.time_limit, "rows": rows, "largest_overrun": worst},
+    )
+
+
+if __name__ == "__main__":
+    main()
