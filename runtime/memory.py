@@ -30,7 +30,7 @@ class MemoryMeter:
         self.enabled = True
 
     @contextmanager
-    def forward(self, stage: int) -> Iterator[Callable[[torch.Tensor], None]]:
+    def forward(self, stage: int) -> Iterator[Callable[[torch.Tensor], object]]:
         """Measure an F; call the yielded function with the output the stage keeps."""
         if self.cuda:
             before = torch.cuda.memory_allocated()

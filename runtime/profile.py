@@ -77,15 +77,17 @@ def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.devi
 
     schedule = profiling_schedule(job.devices, job.microbatches, job.placement)
     session = open_session(schedule, job.model, rank, world_size, device, job.timeout_s, measure_memory=True)
+    meter = session.meter
+    assert meter is not None, "open_session(measure_memory=True) gives a meter"
     # One warm-up step, the timed steps without the memory meter's hooks (they cost time
     # in every F), then one step measuring memory.
-    session.meter.enabled = False
+    meter.enabled = False
     timed_steps(session, 1, 0)
     busy = timed_steps(session, job.steps, 1)
-    session.meter.enabled = True
+    meter.enabled = True
     timed_steps(session, 1, job.steps + 1)
     times = {key: statistics.median(values) * 1e3 for key, values in busy.items()}
-    memory = {key: statistics.median(values) for key, values in session.meter.samples.items()}
+    memory = {key: statistics.median(values) for key, values in meter.samples.items()}
     round_trips = ping_pong(session, device)
 
     # The fused backward (BW) is cheaper than B + W; the problem has no field for it, so

@@ -58,7 +58,7 @@ class Session:
 
 def output_specs(stages: list[nn.Module], example_input: torch.Tensor) -> list[TensorSpec]:
     """Shape and dtype of each stage's output, from one no-grad forward."""
-    specs = []
+    specs: list[TensorSpec] = []
     x = example_input
     with torch.no_grad():
         for stage in stages:

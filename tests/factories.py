@@ -78,14 +78,22 @@ def all_ops(problem: Problem, rng: random.Random | None = None, fused_share: flo
     return ops
 
 
-def random_feasible_order(
-    problem: Problem, rng: random.Random, *, fused_share: float = 0.0, respect_memory: bool = False
-) -> list[list[Op]] | None:
-    """A random topological order of all ops, split per device: it never deadlocks.
+def random_feasible_order(problem: Problem, rng: random.Random, *, fused_share: float = 0.0) -> list[list[Op]]:
+    """A random topological order of all ops, split per device: it never deadlocks."""
+    orders = _random_walk(problem, rng, fused_share, respect_memory=False)
+    assert orders is not None  # without memory, some op is always ready
+    return orders
 
-    With `respect_memory`, an op is only taken when its device stays within the limit;
-    the walk can then get stuck (every ready op overflows), and None is returned.
+
+def random_order_within_memory(problem: Problem, rng: random.Random) -> list[list[Op]] | None:
+    """Like random_feasible_order, taking an op only while its device stays within the limit.
+
+    The walk can get stuck (every ready op overflows); None then.
     """
+    return _random_walk(problem, rng, 0.0, respect_memory=True)
+
+
+def _random_walk(problem: Problem, rng: random.Random, fused_share: float, respect_memory: bool) -> list[list[Op]] | None:
     tables = problem.tables()
     pending = all_ops(problem, rng, fused_share)
     done: set[tuple[str, int, int]] = set()

@@ -15,7 +15,7 @@ from optimizer.schedule import load_schedule
 runner = CliRunner()
 
 
-def invoke(*args: str):
+def invoke(*args: object):
     return runner.invoke(app, [str(a) for a in args])
 
 

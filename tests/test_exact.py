@@ -15,6 +15,7 @@ from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.milp import solve_milp_subproblem
+from optimizer.exact.options import Progress
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
 from optimizer.problem import Problem, uniform_problem
@@ -94,6 +95,8 @@ def solve_models_unhinted(problem: Problem, backend: str) -> tuple[float, float]
     exact = solve_cpsat_subproblem(sub, time_limit=30)
     milp = solve_milp_subproblem(sub, time_limit=60, solver=backend)
     assert exact.status == "optimal" and milp.status == "optimal"
+    assert exact.starts is not None and milp.starts is not None
+    assert exact.objective is not None and milp.objective is not None
     for starts in (exact.starts, milp.starts):
         assert_valid(simulate(problem, sub.orders_from_starts(starts)))
     return exact.objective / tables.time_scale, milp.objective / tables.time_scale
@@ -233,7 +236,7 @@ def test_interrupt_before_any_schedule_propagates():
 
 @pytest.mark.slow
 def test_progress_reports_incumbent_and_bound():
-    reports = []
+    reports: list[Progress] = []
     solve(zb_problem(4, 8, limit=3.0), "auto", SolveOptions(time_limit=3), on_progress=reports.append)
     assert reports
     assert all(r.bound <= (r.incumbent or float("inf")) * (1 + CLOSE) for r in reports)

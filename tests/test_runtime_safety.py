@@ -61,7 +61,7 @@ def drifting_weights(num_stages: int):
     """Every build in a process differs: the reference is not the pipeline's model."""
     _builds["count"] += 1
     model = build_example(TINY, num_stages)
-    bias = model.stages[1].blocks[0].mlp.fc.bias
+    bias = dict(model.stages[1].named_parameters())["blocks.0.mlp.fc.bias"]
     bias.data += 0.1 * _builds["count"]
     return model
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 import torch.nn as nn
@@ -11,7 +13,7 @@ from optimizer.problem import uniform_problem
 from optimizer.schedule import Op, Schedule, TimedOp
 from optimizer.schedules import generate
 from runtime.backward import SplitBackward, backward_fused, backward_weight
-from runtime.models import GPTConfig, build_example, even_split, load_model
+from runtime.models import GPTConfig, GPTStage, build_example, even_split, load_model
 from runtime.plan import ACTIVATION, GRADIENT, build_plans
 from runtime.profile import profiling_schedule
 
@@ -103,7 +105,7 @@ def test_example_split_is_even_with_extra_layers_in_the_middle():
 
 def test_example_model_options_and_errors():
     model = load_model("example:layers=6,hidden=32,heads=2,split=1/2/2/1", 4)
-    assert [len(stage.blocks) for stage in model.stages] == [1, 2, 2, 1]
+    assert [len(cast(GPTStage, stage).blocks) for stage in model.stages] == [1, 2, 2, 1]
     assert hasattr(model.stages[0], "tok_emb") and hasattr(model.stages[3], "head")
     with pytest.raises(InputError, match="split has 3 stages"):
         load_model("example:split=1/2/1", 4)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ortools.sat.python import cp_model
 
@@ -143,7 +144,7 @@ def solve_cpsat_subproblem(
     seconds = time.perf_counter() - began
 
     # --- read the solution ------------------------------------------------------------
-    names = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}
+    names: dict[Any, str] = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}
     name = names.get(status, "unknown")
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         starts = [solver.value(s) for s in start]
@@ -155,14 +156,14 @@ def solve_cpsat_subproblem(
     return CpsatResult(name, None, None, 0, interrupted, seconds)
 
 
-def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, reporter) -> tuple[int, bool]:
+def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, reporter) -> tuple[Any, bool]:
     """Solve in a worker thread so that Ctrl-C reaches Python; on Ctrl-C stop the search.
 
     Waiting uses an Event, not Thread.join: a join interrupted by KeyboardInterrupt can
     report the thread finished while it still runs (CPython 3.11), and leaving the
     process with CP-SAT still running aborts it.
     """
-    outcome: dict[str, int] = {}
+    outcome: dict[str, Any] = {}  # the solver's status (a CpSolverStatus)
     done = threading.Event()
 
     def work() -> None:

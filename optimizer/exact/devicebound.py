@@ -114,15 +114,17 @@ class DeviceRelaxation:
             for i in range(m):
                 model.add(start[(*self.path[b], i)] >= end((*self.path[a], i)) + between)
         if self.pieces is not None:
+            pieces = self.pieces
             for d in sorted(kept):
-                if self.limits[d] is None:
+                limit = self.limits[d]
+                if limit is None:
                     continue
                 # An F allocates both pieces at its start; B and W free theirs at their end.
                 # Ops on a device never overlap, so events follow the device's order.
                 keys = [key for key in start if dev[key[1]] == d]
                 times = [start[key] if key[0] == "F" else end(key) for key in keys]
-                changes = [self._change(key) for key in keys]
-                model.add_reservoir_constraint(times, changes, -sum(c for c in changes if c > 0) - 1, self.limits[d])
+                changes = [_change(pieces, key) for key in keys]
+                model.add_reservoir_constraint(times, changes, -sum(c for c in changes if c > 0) - 1, limit)
 
         # --- objective and solve --------------------------------------------------------
         model.minimize(makespan)
@@ -142,11 +144,13 @@ class DeviceRelaxation:
         # FEASIBLE or UNKNOWN: the bound CP-SAT proved, never below the makespan's domain.
         return max(floor, math.floor(solver.best_objective_bound + 1e-9)), False
 
-    def _change(self, key: tuple[str, int, int]) -> int:
-        kind, s, _ = key
-        if kind == "F":
-            return self.pieces["B"][s] + self.pieces["W"][s]
-        return -self.pieces[kind][s]
+
+def _change(pieces: dict[str, list[int]], key: tuple[str, int, int]) -> int:
+    """The memory change of an op in the relaxation's units: +both pieces at an F, -its piece at a B or W."""
+    kind, s, _ = key
+    if kind == "F":
+        return pieces["B"][s] + pieces["W"][s]
+    return -pieces[kind][s]
 
 
 def _memory_pieces(problem: Problem) -> tuple[dict[str, list[int]] | None, list[int | None]]:

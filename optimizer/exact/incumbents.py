@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from optimizer.exact.canonical import canonical
 from optimizer.problem import Problem
@@ -55,7 +56,7 @@ def generator_candidates(problem: Problem, deadline: float | None = None) -> tup
             # Not started at all: a thread left running would slow the solver down (GIL).
             failed[generator.name] = "not run: the solver's time for known schedules had run out"
             continue
-        outcome: dict[str, object] = {}
+        outcome: dict[str, Any] = {}  # "orders" (a generator's orders) or "error" (its message)
         done = threading.Event()
 
         def build(generator=generator, outcome=outcome, done=done) -> None:

@@ -89,7 +89,7 @@ def neighbourhood_search(
     threads: int = 2,
     objective: str = "makespan",
     target: float = 0.0,
-    on_improve: Callable[[Schedule], None] | None = None,
+    on_improve: Callable[[Schedule], object] | None = None,
 ) -> Schedule:
     """Improve a canonical feasible order until `deadline` (time.monotonic) or `target` is reached.
 

@@ -95,6 +95,7 @@ def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, 
 
 def window_search(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     start = tracker.best
+    assert start is not None, "window search starts from an incumbent"
     origin = tracker.best_by
     tracker.models_ran = True
     neighbourhood_search(

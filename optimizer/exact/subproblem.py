@@ -161,10 +161,10 @@ def window_subproblem(
     where: dict[Op, tuple[int, int]] = {}  # op -> (device, position)
     lo = [0] * p
     hi = [0] * p
-    for d, ops in enumerate(timed):
-        lo[d] = sum(1 for t in ops if t.start < start)
-        hi[d] = sum(1 for t in ops if t.start < stop)
-        for k, t in enumerate(ops):
+    for d, device_ops in enumerate(timed):
+        lo[d] = sum(1 for t in device_ops if t.start < start)
+        hi[d] = sum(1 for t in device_ops if t.start < stop)
+        for k, t in enumerate(device_ops):
             where[t.op] = (d, k)
 
     def part(op: Op) -> str:
@@ -176,14 +176,14 @@ def window_subproblem(
 
     # Successors by dependency (each op has at most one dependency; invert the relation).
     successors: dict[Op, list[Op]] = {}
-    for ops in timed:
-        for t in ops:
+    for seq in timed:
+        for t in seq:
             dep = _dependency_op(t.op, S)
             if dep is not None:
                 successors.setdefault(dep, []).append(t.op)
 
     # Longest path from each after-op's start to the end, in decreasing start order.
-    after = sorted((t for d, ops in enumerate(timed) for t in ops[hi[d] :]), key=lambda t: -t.start)
+    after = sorted((t for d, seq in enumerate(timed) for t in seq[hi[d] :]), key=lambda t: -t.start)
     length: dict[Op, int] = {}
     for t in after:
         d, k = where[t.op]
@@ -195,7 +195,7 @@ def window_subproblem(
         length[t.op] = round(t.end - t.start) + best
 
     # Earliest start of each after-op ignoring the free ops: paths that avoid the window.
-    floor = max((round(t.end) for d, ops in enumerate(timed) for t in ops[: lo[d]]), default=0)
+    floor = max((round(t.end) for d, seq in enumerate(timed) for t in seq[: lo[d]]), default=0)
     independent: dict[Op, int] = {}
     for t in reversed(after):
         d, k = where[t.op]

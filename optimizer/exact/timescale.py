@@ -98,9 +98,11 @@ def integer_tables(problem: Problem) -> IntegerTables:
         sum(sum(durations[kind]) for kind in KINDS) * problem.num_microbatches
         + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches
     )
-    scale = _exact_decimal_scale(times, 4)
-    exact_time = scale is not None and total * scale <= MAX_HORIZON_TICKS
-    if not exact_time:
+    exact_scale = _exact_decimal_scale(times, 4)
+    exact_time = exact_scale is not None and total * exact_scale <= MAX_HORIZON_TICKS
+    if exact_scale is not None and exact_time:
+        scale = exact_scale
+    else:
         smallest = min(v for v in times if v > 0)
         scale = 10 ** max(0, math.ceil(math.log10(MIN_TICKS / smallest)))
     rounding = 0.0
@@ -117,14 +119,15 @@ def integer_tables(problem: Problem) -> IntegerTables:
     deltas = {"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight}
     limits = [None if math.isinf(v) else v for v in t.limit]
     mem_values = [v for kind in KINDS for v in deltas[kind]]
-    mem_scale = _exact_decimal_scale(mem_values + [v for v in limits if v is not None], 6)
-    exact_memory = mem_scale is not None
+    exact_memory_scale = _exact_decimal_scale(mem_values + [v for v in limits if v is not None], 6)
+    exact_memory = exact_memory_scale is not None
     memory: dict[str, tuple[int, ...]] = {}
-    if exact_memory:
-        integers = {kind: [round(v * mem_scale) for v in deltas[kind]] for kind in KINDS}
+    mem_scale: float
+    if exact_memory_scale is not None:
+        integers = {kind: [round(v * exact_memory_scale) for v in deltas[kind]] for kind in KINDS}
         divisor = reduce(math.gcd, (abs(v) for kind in KINDS for v in integers[kind]), 0) or 1
         memory = {kind: tuple(v // divisor for v in integers[kind]) for kind in KINDS}
-        mem_scale = mem_scale / divisor
+        mem_scale = exact_memory_scale / divisor
         int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
     else:
         mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)

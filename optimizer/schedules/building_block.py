@@ -101,10 +101,10 @@ def _put_w(times: dict[int, list[int]], split: bool) -> dict[int, list[int]]:
     slot = 0
     end = events[-1][0] + 1
     while slot < end or pending[B1] or pending[B0]:
-        kind = at.get(slot)
-        if kind is not None:
-            if kind in _BACKWARDS:
-                pending[kind] += 1
+        event = at.get(slot)
+        if event is not None:
+            if event in _BACKWARDS:
+                pending[event] += 1
         else:
             for b, w in zip((B1, B0), w_kinds):
                 if pending[b]:
