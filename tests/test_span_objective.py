@@ -9,6 +9,7 @@ best times of a fixed order.
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,12 @@ from hypothesis import given, settings
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.canonical import canonical
+from optimizer.exact.devicebound import device_subset_bound
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.spantiming import span_times, timed_for
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables, tick_problem
-from optimizer.problem import load_problem
+from optimizer.problem import load_problem, uniform_problem
 from optimizer.schedule import Schedule, load_schedule
 from optimizer.schedules import GENERATORS
 from optimizer.simulate import simulate, simulate_times
@@ -254,3 +256,40 @@ def test_span_horizon_contains_the_span_timing_of_every_order(case):
         orders = random_feasible_order(problem, rng)
         timed = span_times(ticks, orders)
         assert max(ops[-1].end for ops in timed) <= sub.horizon("span") * (1 + TOLERANCE)
+
+
+# --- the span relaxation of single devices (optimizer.exact.devicebound) -------------------------
+
+
+@pytest.mark.parametrize("case", TINY, ids=lambda c: f"seed{c[0]}-p{c[1]}-m{c[2]}-{c[3]}-limit{c[4]}")
+def test_span_relaxation_never_exceeds_the_brute_force_optimum(case):
+    seed, p, m, placement, limit = case
+    problem = random_problem(random.Random(seed), p, m, placement, limit=limit, decimals=2)
+    optimum = brute_force_optimum(problem, "span")
+    bound = device_subset_bound(problem, upper=optimum, deadline=time.monotonic() + 5, threads=1, objective="span")
+    assert bound <= optimum * (1 + TOLERANCE)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(problem_cases(max_devices=4, max_microbatches=5))
+def test_span_relaxation_never_exceeds_any_valid_schedule(case):
+    seed, p, m, placement, limit = case
+    rng = random.Random(seed)
+    problem = random_problem(rng, p, m, placement, limit=limit)
+    best = min(objective_value(s, "span") for s in other_schedules(problem, rng))
+    bound = device_subset_bound(problem, upper=best, deadline=time.monotonic() + 3, threads=1, objective="span")
+    assert bound <= best * (1 + TOLERANCE)
+
+
+@pytest.mark.slow
+def test_span_relaxation_proves_zb_h1_optimal_at_one_f_one_b_memory():
+    # Zero Bubble's 1.5B setting (p = 8, m = 24; F 18.522, B 18.086, W 9.337, comm 0.601
+    # ms; B keeps 32h/(34h + 5as) of an activation for W) at 1F1B's memory (8 activations):
+    # device 0 alone, in its own frame, cannot finish sooner than ZB-H1 does.
+    kept = 32 * 2304 / (34 * 2304 + 5 * 24 * 1024)
+    problem = uniform_problem(8, 24, 18.522, 18.086, 9.337, comm_time=0.601, mem_backward_input=-(1 - kept), memory_limit=8.0)
+    zb_h1 = simulate(problem, GENERATORS["zb-h1"].build(problem))
+    span = objective_value(zb_h1, "span")
+    bound = device_subset_bound(problem, upper=span, deadline=time.monotonic() + 30, threads=1, objective="span")
+    assert bound == pytest.approx(span, rel=1e-9)
+    assert lower_bound(problem, "span").value < span * 0.96  # the preemptive bound alone leaves 5.5 %

@@ -20,6 +20,14 @@ it starts the next forward, while the busiest devices downstream delay that retu
 A superset of devices is a tighter relaxation, so sets grow from the most telling
 single devices for as long as CP-SAT still closes them.
 
+Span objective: a device's span is measured from its own first start, so one device is
+relaxed at a time in that frame (`DeviceRelaxation.span_frame`): heads from the device's
+first forward (optimizer.exact.bounds.heads with an origin) and tails to its last op
+(device_tails). Every schedule, shifted so that the device's first op starts at 0, meets
+these, so the relaxation's optimum bounds that device's span, and the largest over the
+devices bounds the longest span. Sets of devices would need one common frame, which the
+span does not give, so only single devices are used.
+
 Integers: durations, transfer time, heads, tails and path lengths are those of the tick
 problem, whose durations are the real ones rounded *down* (optimizer.exact.timescale);
 memory sizes are rounded down and limits up. Each rounding only loosens the relaxation
@@ -35,7 +43,7 @@ from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from optimizer.exact.bounds import heads, tails
+from optimizer.exact.bounds import device_tails, heads, jackson_preemptive, tails
 from optimizer.exact.cpsat import _solve_interruptibly
 from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.problem import Problem
@@ -45,6 +53,9 @@ MEMORY_UNITS = 10**6  # memory grid of the relaxation (rounded in its favour, se
 # Largest relaxation tried, in ops: p = 8, m = 16 closes 7 devices (336 ops) in ~20 s on
 # 2 cores; a single device of 384 ops (p = 16, m = 64, V) proves nothing in 20 s.
 MAX_OPS = 360
+# One device's span relaxation is a single machine: CP-SAT closes p = 8, m = 64 (192 ops)
+# under a tight limit in about a second.
+SPAN_MAX_OPS = 400
 
 
 class DeviceRelaxation:
@@ -53,9 +64,10 @@ class DeviceRelaxation:
     def __init__(self, problem: Problem):
         self.problem = problem
         self.tables = integer_tables(problem)
-        ticks = tick_problem(problem, self.tables)
-        self.head = heads(ticks, memory_aware=problem.memory_limit is not None)
-        self.tail = tails(ticks)
+        self.ticks = tick_problem(problem, self.tables)
+        self.memory_aware = problem.memory_limit is not None
+        self.head = heads(self.ticks, memory_aware=self.memory_aware)
+        self.tail = tails(self.ticks)
         self.pieces, self.limits = _memory_pieces(problem)
         S = problem.num_stages
         dev = self.tables.device
@@ -68,12 +80,29 @@ class DeviceRelaxation:
         dev = self.tables.device
         return 3 * self.problem.num_microbatches * sum(1 for s in range(self.problem.num_stages) if dev[s] in set(devices))
 
-    def solve(self, devices: Sequence[int], *, upper: float, floor: int, time_limit: float, seed: int, threads: int) -> tuple[int, bool]:
+    def span_frame(self, device: int) -> tuple[dict[str, list[list[float]]], dict[str, list[list[float]]]]:
+        """Heads from `device`'s first start and tails to its last end (see the module doc)."""
+        origin = min(self.problem.stages_on(device))
+        return heads(self.ticks, self.memory_aware, origin=origin), device_tails(self.ticks, device)
+
+    def solve(
+        self,
+        devices: Sequence[int],
+        *,
+        upper: float,
+        floor: int,
+        time_limit: float,
+        seed: int,
+        threads: int,
+        frame: tuple[dict[str, list[list[float]]], dict[str, list[list[float]]]] | None = None,
+    ) -> tuple[int, bool]:
         """(bound in ticks, closed) for the relaxation keeping `devices`.
 
-        `upper` is the makespan of a known schedule (an optimal one is no longer) and
-        `floor` a bound in ticks already proven (e.g. for a subset of `devices`).
+        `upper` is the objective of a known schedule (an optimal one is no longer) and
+        `floor` a bound in ticks already proven (e.g. for a subset of `devices`). `frame`
+        replaces the heads and tails (span_frame for one device under the span objective).
         """
+        head, tail = frame if frame is not None else (self.head, self.tail)
         # --- data -----------------------------------------------------------------------
         kept = set(devices)
         m = self.problem.num_microbatches
@@ -90,7 +119,7 @@ class DeviceRelaxation:
             for kind in KINDS:
                 for i in range(m):
                     # Tick-problem heads and tails are sums of integers: round() drops float noise only.
-                    r, q, d = round(self.head[kind][s][i]), round(self.tail[kind][s][i]), dur[kind][s]
+                    r, q, d = round(head[kind][s][i]), round(tail[kind][s][i]), dur[kind][s]
                     key = (kind, s, i)
                     start[key] = model.new_int_var(r, max(r, horizon - d - q), f"start_{kind}_{s}_{i}")
                     interval[key] = model.new_fixed_size_interval_var(start[key], d, f"op_{kind}_{s}_{i}")
@@ -172,9 +201,11 @@ def _memory_pieces(problem: Problem) -> tuple[dict[str, list[int]] | None, list[
     return pieces, limits
 
 
-def applicable(problem: Problem, max_ops: int = MAX_OPS) -> bool:
-    """Worth trying when two devices together stay within `max_ops` ops."""
+def applicable(problem: Problem, max_ops: int = MAX_OPS, objective: str = "makespan") -> bool:
+    """Worth trying when two devices together (one device for the span) stay within `max_ops` ops."""
     relaxation_ops = 3 * problem.num_microbatches * max(len(problem.stages_on(d)) for d in range(problem.num_devices))
+    if objective == "span":
+        return relaxation_ops <= SPAN_MAX_OPS
     return problem.num_devices > 1 and 2 * relaxation_ops <= max_ops
 
 
@@ -187,6 +218,7 @@ def device_subset_bound(
     threads: int = 2,
     max_ops: int = MAX_OPS,
     on_bound: Callable[[float, str], None] | None = None,
+    objective: str = "makespan",
 ) -> float:
     """The best bound (real units) the relaxations prove before `deadline` (time.monotonic).
 
@@ -200,6 +232,8 @@ def device_subset_bound(
     upper_ticks = math.floor(upper * scale + 1e-9)
     p = problem.num_devices
     best = 0
+    if objective == "span":
+        return _span_bound(relax, upper=upper, deadline=deadline, seed=seed, threads=threads, on_bound=on_bound)
 
     def record(value: int, devices: Sequence[int]) -> None:
         nonlocal best
@@ -228,3 +262,39 @@ def device_subset_bound(
         if not closed:
             break
     return best / scale
+
+
+def _span_bound(
+    relax: DeviceRelaxation, *, upper: float, deadline: float, seed: int, threads: int, on_bound: Callable[[float, str], None] | None
+) -> float:
+    """The longest-span bound: each device alone in its own frame, most telling first.
+
+    Devices are ranked by their preemptive bound in the same frame (ties: the first device,
+    which waits longest for its round trips under a memory limit); the first gets half of
+    the time, the others share the rest.
+    """
+    problem = relax.problem
+    scale = relax.tables.time_scale
+    frames = [relax.span_frame(d) for d in range(problem.num_devices)]
+    preemptive = [jackson_preemptive(_jobs(relax, d, *frames[d])) for d in range(problem.num_devices)]
+    order = sorted(range(problem.num_devices), key=lambda d: (-preemptive[d], d))
+    upper_ticks = math.floor(upper * scale + 1e-9)
+    best = 0
+    for n, d in enumerate(order):
+        left = deadline - time.monotonic()
+        if left <= 0.05 or best >= upper_ticks:
+            break
+        share = left / 2 if n == 0 else left / (len(order) - n)
+        value, _ = relax.solve([d], upper=upper, floor=0, time_limit=share, seed=seed, threads=threads, frame=frames[d])
+        if value > best:
+            best = value
+            if on_bound is not None:
+                on_bound(value / scale, f"device {d}'s span as an exact relaxation")
+    return best / scale
+
+
+def _jobs(relax: DeviceRelaxation, device: int, head, tail) -> list[tuple[float, float, float]]:
+    """(head, duration, tail) of every op of `device`, in ticks."""
+    dur = relax.tables.duration
+    m = relax.problem.num_microbatches
+    return [(head[k][s][i], dur[k][s], tail[k][s][i]) for s in relax.problem.stages_on(device) for k in KINDS for i in range(m)]

@@ -115,7 +115,7 @@ def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> Non
     starting_points(problem, tracker)
     if tracker.best is None or tracker.closed() or tracker.left() <= 0:
         return
-    if options.objective == "makespan" and devicebound.applicable(problem):
+    if devicebound.applicable(problem, objective=options.objective):
         relaxation_bounds(problem, options, tracker, time.monotonic() + RELAXATION_SHARE * tracker.left())
         if tracker.closed() or tracker.left() <= 0:
             return
@@ -132,7 +132,7 @@ def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> Non
 
 
 def relaxation_bounds(problem: Problem, options: SolveOptions, tracker: Tracker, until: float) -> None:
-    """Raise the bound with exact relaxations on sets of devices (makespan only)."""
+    """Raise the bound with exact relaxations on sets of devices (single devices for the span)."""
     devicebound.device_subset_bound(
         problem,
         upper=tracker.best_value,
@@ -140,6 +140,7 @@ def relaxation_bounds(problem: Problem, options: SolveOptions, tracker: Tracker,
         seed=options.seed,
         threads=options.threads,
         on_bound=lambda value, reason: tracker.raise_bound(value, reason),
+        objective=options.objective,
     )
 
 
