@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from optimizer.cli import app, user_errors
+from optimizer.cli import app, run_app, user_errors
 from optimizer.errors import InputError
 
 _BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."
@@ -168,5 +168,5 @@ def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) 
     print(f"wrote {output}")
 
 
-def main() -> None:
-    app()
+def main() -> int:
+    return run_app(app)

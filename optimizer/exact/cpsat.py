@@ -160,6 +160,8 @@ def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, rep
     report the thread finished while it still runs (CPython 3.11), and leaving the
     process with CP-SAT still running aborts it.
     """
+    # CP-SAT's own SIGINT handler would take Ctrl-C from Python and end only this solve.
+    solver.parameters.catch_sigint_signal = False
     outcome: dict[str, int] = {}
     done = threading.Event()
 
