@@ -9,10 +9,13 @@ never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -68,6 +71,27 @@ INTERRUPTED = 130
 MAX_TIME_LIMIT = 1e6
 # CP-SAT workers: beyond this a run only slows down (and a typo could start thousands of threads).
 MAX_THREADS = 256
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold Ctrl-C during the block and raise KeyboardInterrupt after it.
+
+    For imports of C extensions (OR-Tools, PuLP's HiGHS, torch): one interrupted while it
+    loads can turn the KeyboardInterrupt into an ImportError, which optional imports then
+    swallow; and for writing outputs, so that what was computed is written whole.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def finite_option(option: str, value: float | None, *, low: float | None = None, high: float | None = None) -> None:
@@ -211,7 +235,8 @@ def solve(
         if not schedule.fits_memory():
             over = _memory_overflow(schedule)
             raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method greedy or auto")
-    save_schedule(schedule, output)
+    with interrupts_deferred():
+        save_schedule(schedule, output)
     _print_metrics(schedule, as_json)
     if interrupted:
         raise typer.Exit(INTERRUPTED)
@@ -221,8 +246,9 @@ def _optimize(
     problem: Problem, method: str, time_limit: float, objective: str, solver: str, seed: int, threads: int, quiet: bool
 ) -> tuple[Schedule, bool]:
     """Run optimizer.exact.solve with a live progress line; Ctrl-C keeps the best so far (and says so)."""
-    from optimizer.exact import SolveOptions
-    from optimizer.exact import solve as exact_solve
+    with interrupts_deferred():
+        from optimizer.exact import SolveOptions
+        from optimizer.exact import solve as exact_solve
 
     options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)
     with _ProgressLine(quiet) as progress:
@@ -306,8 +332,9 @@ def pareto(
 
     Ctrl-C stops the sweep and writes the limits solved so far (exit 130).
     """
-    from optimizer.exact import SolveOptions, pareto_svg, parse_limits
-    from optimizer.exact import pareto as sweep
+    with interrupts_deferred():
+        from optimizer.exact import SolveOptions, pareto_svg, parse_limits
+        from optimizer.exact import pareto as sweep
 
     finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
@@ -322,8 +349,9 @@ def pareto(
             err.print(f"limit {point.limit:g}: {shown}")
 
     curve = sweep(loaded, values, SolveOptions(time_limit=time_limit, seed=seed, threads=threads), on_point=on_point)
-    # Both or neither: the plot is drawn before either file is touched.
-    write_outputs([(output, json_text(curve.to_json()))] + ([(plot, pareto_svg(curve))] if plot is not None else []))
+    # Both or neither: the plot is drawn before either file is touched; a Ctrl-C now waits for them.
+    with interrupts_deferred():
+        write_outputs([(output, json_text(curve.to_json()))] + ([(plot, pareto_svg(curve))] if plot is not None else []))
     if curve.interrupted:
         print(f"interrupted: wrote the {len(curve.points)} limit(s) solved so far to {output}", file=sys.stderr)
         raise typer.Exit(INTERRUPTED)
