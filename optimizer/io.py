@@ -283,7 +283,15 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     write_outputs([(path, text)])
 
 
+# Above this size an output is written without indentation: Python's indenting encoder
+# is pure Python and takes seconds on a schedule at the size limit, the compact one does not.
+_INDENT_UP_TO_BYTES = 1_000_000
+
+
 def json_text(data: object) -> str:
+    compact = json.dumps(data, allow_nan=False)
+    if len(compact) > _INDENT_UP_TO_BYTES:
+        return compact + "\n"
     return json.dumps(data, indent=1, allow_nan=False) + "\n"
 
 
