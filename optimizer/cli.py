@@ -1,15 +1,21 @@
 """The `pipesched` command line (typer): problem, solve, pareto, compare, validate, show.
 
 Every command turns a PipeschedError into one line on stderr and its exit code (2 for
-bad input), and writes its outputs atomically. The runtime adds `run` and `profile` to
-this same app (runtime/cli.py), so the optimizer never imports torch.
+bad input), checks its output paths before any work and writes its outputs atomically
+(optimizer/io.py); `run_app` does the same for option errors and Ctrl-C (exit 130). The
+runtime adds `run` and `profile` to this same app (runtime/cli.py), so the optimizer
+never imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import math
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -18,8 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from optimizer.errors import PipeschedError
-from optimizer.io import write_json_atomic
+from optimizer.errors import InputError, PipeschedError
+from optimizer.io import check_outputs, json_text, one_line, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, uniform_problem
 from optimizer.schedule import Schedule, load_schedule, save_schedule
 
@@ -50,10 +56,70 @@ def user_errors(command: Command) -> Command:
         try:
             return command(*args, **kwargs)
         except PipeschedError as error:
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {one_line(str(error))}", file=sys.stderr)
             raise typer.Exit(error.exit_code) from None
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise typer.Exit(INTERRUPTED) from None
 
     return wrapper
+
+
+# Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
+INTERRUPTED = 130
+# The longest --time-limit taken (about 11 days): any finite number beyond is a typo.
+MAX_TIME_LIMIT = 1e6
+# CP-SAT workers: beyond this a run only slows down (and a typo could start thousands of threads).
+MAX_THREADS = 256
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold Ctrl-C during the block and raise KeyboardInterrupt after it.
+
+    For imports of C extensions (OR-Tools, PuLP's HiGHS, torch): one interrupted while it
+    loads can turn the KeyboardInterrupt into an ImportError, which optional imports then
+    swallow; and for writing outputs, so that what was computed is written whole.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def finite_option(option: str, value: float | None, *, low: float | None = None, high: float | None = None) -> None:
+    """Refuse NaN, +-Infinity and values outside [low, high] for a number option, naming it."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise InputError(f"{option}: must be a finite number, got {value}")
+    if low is not None and value < low:
+        raise InputError(f"{option}: must be at least {low:g}, got {value:g}")
+    if high is not None and value > high:
+        raise InputError(f"{option}: must be at most {high:g}, got {value:g}")
+
+
+def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
+    """Run the app; option errors and Ctrl-C become one line on stderr too (exit 2 and 130)."""
+    try:
+        result = command(args=args, standalone_mode=False, prog_name="pipesched")
+    except typer.TyperException as error:  # click's usage errors: a bad option or value
+        if type(error).__name__ == "NoArgsIsHelpError":  # `pipesched` or a command alone: its help
+            print(error.format_message(), file=sys.stderr)
+            return error.exit_code
+        print(f"error: {one_line(error.format_message())}", file=sys.stderr)
+        return error.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
+    return result if isinstance(result, int) else 0
 
 
 def stdout_console() -> Console:
@@ -102,6 +168,18 @@ def problem(
     output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
 ) -> None:
     """Write a uniform problem JSON (every stage the same), to edit or to solve."""
+    for option, value in (
+        ("--forward", forward),
+        ("--backward-input", backward_input),
+        ("--backward-weight", backward_weight),
+        ("--comm", comm),
+        ("--mem-forward", mem_forward),
+        ("--mem-backward-input", mem_backward_input),
+        ("--mem-backward-weight", mem_backward_weight),
+        ("--memory-limit", memory_limit),
+    ):
+        finite_option(option, value)
+    check_outputs([output])
     built = uniform_problem(
         devices,
         microbatches,
@@ -143,9 +221,13 @@ def solve(
     """
     from optimizer.errors import InfeasibleError
 
+    finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
+    finite_option("--threads", threads, high=MAX_THREADS)
+    check_outputs([output], [problem_file])
     loaded = load_problem(problem_file)
+    interrupted = False
     if method in ("auto", "cpsat", "milp"):
-        schedule = _optimize(loaded, method, time_limit, objective, solver, seed, threads, quiet)
+        schedule, interrupted = _optimize(loaded, method, time_limit, objective, solver, seed, threads, quiet)
     else:
         from optimizer.schedules import generate
 
@@ -153,16 +235,20 @@ def solve(
         if not schedule.fits_memory():
             over = _memory_overflow(schedule)
             raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method greedy or auto")
-    save_schedule(schedule, output)
+    with interrupts_deferred():
+        save_schedule(schedule, output)
     _print_metrics(schedule, as_json)
+    if interrupted:
+        raise typer.Exit(INTERRUPTED)
 
 
 def _optimize(
     problem: Problem, method: str, time_limit: float, objective: str, solver: str, seed: int, threads: int, quiet: bool
-) -> Schedule:
-    """Run optimizer.exact.solve with a live progress line; Ctrl-C keeps the best so far."""
-    from optimizer.exact import SolveOptions
-    from optimizer.exact import solve as exact_solve
+) -> tuple[Schedule, bool]:
+    """Run optimizer.exact.solve with a live progress line; Ctrl-C keeps the best so far (and says so)."""
+    with interrupts_deferred():
+        from optimizer.exact import SolveOptions
+        from optimizer.exact import solve as exact_solve
 
     options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)
     with _ProgressLine(quiet) as progress:
@@ -170,10 +256,10 @@ def _optimize(
             schedule = exact_solve(problem, method, options, on_progress=progress.update)
         except KeyboardInterrupt:
             print("interrupted before any schedule was found", file=sys.stderr)
-            raise typer.Exit(130) from None
+            raise typer.Exit(INTERRUPTED) from None
     if progress.interrupted:
         print("interrupted: writing the best schedule found so far", file=sys.stderr)
-    return schedule
+    return schedule, progress.interrupted
 
 
 class _ProgressLine:
@@ -242,12 +328,19 @@ def pareto(
     threads: int = typer.Option(2, min=1, help="CP-SAT workers."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print no table."),
 ) -> None:
-    """Memory against speed: solve under each memory limit, beside the known schedules' peak memory."""
-    from optimizer.exact import SolveOptions, parse_limits, plot_pareto
-    from optimizer.exact import pareto as sweep
+    """Memory against speed: solve under each memory limit, beside the known schedules' peak memory.
 
-    loaded = load_problem(problem_file)
+    Ctrl-C stops the sweep and writes the limits solved so far (exit 130).
+    """
+    with interrupts_deferred():
+        from optimizer.exact import SolveOptions, pareto_svg, parse_limits
+        from optimizer.exact import pareto as sweep
+
+    finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
+    finite_option("--threads", threads, high=MAX_THREADS)
     values = parse_limits(limits)
+    check_outputs([output, plot], [problem_file])
+    loaded = load_problem(problem_file)
     err = Console(stderr=True, highlight=False)
 
     def on_point(point) -> None:
@@ -256,9 +349,12 @@ def pareto(
             err.print(f"limit {point.limit:g}: {shown}")
 
     curve = sweep(loaded, values, SolveOptions(time_limit=time_limit, seed=seed, threads=threads), on_point=on_point)
-    write_json_atomic(output, curve.to_json())
-    if plot is not None:
-        plot_pareto(curve, plot)
+    # Both or neither: the plot is drawn before either file is touched; a Ctrl-C now waits for them.
+    with interrupts_deferred():
+        write_outputs([(output, json_text(curve.to_json()))] + ([(plot, pareto_svg(curve))] if plot is not None else []))
+    if curve.interrupted:
+        print(f"interrupted: wrote the {len(curve.points)} limit(s) solved so far to {output}", file=sys.stderr)
+        raise typer.Exit(INTERRUPTED)
     if not quiet:
         table = Table(title=f"memory against speed ({time_limit:g} s per limit)")
         for column in ("memory limit", "makespan", "bubble", "lower bound", "gap", "status"):
@@ -390,10 +486,11 @@ def show(
     """Draw a schedule: Gantt chart and memory curves (SVG/HTML) or a Chrome/Perfetto trace (JSON)."""
     from optimizer.render import write_rendering
 
+    check_outputs([output], [schedule_file])
     schedule = load_schedule(schedule_file)
     write_rendering(schedule, output)
     print(f"wrote {output}")
 
 
-def main() -> None:
-    app()
+def main() -> int:
+    return run_app(app)

@@ -1,10 +1,25 @@
-"""File input and output: pydantic models from JSON with one-line errors, atomic writes."""
+"""File input and output for every command: JSON in with one-line errors, outputs written whole.
+
+Reading refuses what is not a regular file before opening it (a FIFO would block, a
+device never ends), caps the size, needs UTF-8, and parses JSON strictly: no NaN or
+Infinity, no number that overflows a float, no key given twice.
+
+Writing is staged: every output of a command is first written to a temporary file next
+to it, and only when all of them are complete are they renamed into place, so a bad
+second output leaves the first untouched. A regular file keeps its mode (a new one gets
+the user's umask, like a shell redirection); a character device or FIFO (`-o /dev/null`)
+is written through, never replaced. `check_outputs` refuses bad paths before any work.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -14,11 +29,21 @@ from optimizer.errors import InputError
 
 Model = TypeVar("Model", bound=BaseModel)
 
+# The largest input file read: a schedule at the size limit (optimizer/problem.py) is
+# about 5 MB of JSON, so 64 MiB leaves room for indentation and metadata.
+MAX_INPUT_BYTES = 64 * 2**20
+
+
+def one_line(text: str) -> str:
+    """Messages reach the user as one line, even when they quote a name with a newline."""
+    return " ".join(str(text).split("\n")).replace("\r", " ")
+
 
 def describe_validation_error(error: ValidationError) -> str:
     """The first problem pydantic found, as `field.path: message`."""
     first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"])
+    # Union branches appear in the location as type tags ("constrained-float"); fields and indices name the place.
+    location = ".".join(str(part) for part in first["loc"] if not isinstance(part, str) or part.isidentifier())
     message = first["msg"]
     # Our own model validators raise ValueError whose text already names the field.
     message = message.removeprefix("Value error, ")
@@ -27,18 +52,90 @@ def describe_validation_error(error: ValidationError) -> str:
     return f"{location}: {message}" if location else message
 
 
-def read_json(path: str | Path) -> object:
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_input_bytes(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; InputError naming the file otherwise."""
     path = Path(path)
     try:
-        text = path.read_text()
+        info = path.stat()  # the type is checked before opening: opening a FIFO blocks
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{path}: is {_file_kind(info.st_mode)}, not a file")
+    if info.st_size > limit:
+        raise InputError(f"{path}: {info.st_size} bytes is more than the {limit} bytes pipesched reads")
     try:
-        return json.loads(text)
+        # O_NONBLOCK: should the path have become a FIFO since the check, do not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: more than the {limit} bytes pipesched reads")
+    return data
+
+
+class _BadJson(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    data: dict = {}
+    for key, value in pairs:
+        if key in data:
+            raise _BadJson(f"key {key!r} appears twice in one object")
+        data[key] = value
+    return data
+
+
+def _refuse_constant(name: str) -> float:
+    raise _BadJson(f"{name} is not a number pipesched accepts (only finite numbers)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadJson(f"{text} overflows a 64-bit float")
+    return value
+
+
+def parse_json(text: str, source: str) -> object:
+    """Strict JSON: finite numbers only, no duplicate keys; errors name `source`."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raise InputError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except _BadJson as exc:
+        raise InputError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{source}: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise InputError(f"{source}: not valid JSON ({one_line(str(exc))})") from None
+
+
+def read_json(path: str | Path) -> object:
+    data = read_input_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    return parse_json(text.removeprefix("\ufeff"), str(path))
 
 
 def validate_model(model: type[Model], data: object, source: str) -> Model:
@@ -46,27 +143,157 @@ def validate_model(model: type[Model], data: object, source: str) -> Model:
         return model.model_validate(data)
     except ValidationError as exc:
         raise InputError(f"{source}: {describe_validation_error(exc)}") from None
+    except RecursionError:
+        raise InputError(f"{source}: nested too deeply") from None
 
 
 def read_model(model: type[Model], path: str | Path) -> Model:
     return validate_model(model, read_json(path), str(path))
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a file so that readers see the old content or the whole new one, never a part."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise InputError(f"{path}: folder {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+# ------------------------------------------------------------------------------ output
+
+
+def _write_through(mode: int) -> bool:
+    """Character devices and FIFOs are written into, never replaced (`-o /dev/null`)."""
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | Path | None] = ()) -> None:
+    """Refuse, before any work, an output that cannot be written or would overwrite an input.
+
+    Outputs given twice, a directory, a socket or block device, an input file of the same
+    command, or a folder that does not exist or is not writable are refused.
+    """
+    wanted = [Path(p) for p in outputs if p is not None]
+    inputs_stat = []
+    for p in inputs:
+        if p is None:
+            continue
+        try:
+            inputs_stat.append((Path(p), Path(p).stat()))
+        except OSError:
+            continue
+    seen: list[Path] = []
+    for path in wanted:
+        target = Path(os.path.realpath(path))
+        if target in seen:
+            raise InputError(f"{path}: given as two outputs")
+        seen.append(target)
+        try:
+            info = target.stat()
+        except FileNotFoundError:
+            info = None
+        except OSError as exc:
+            raise InputError(f"{path}: cannot write ({exc.strerror or exc.__class__.__name__})") from None
+        if info is not None:
+            if not (stat.S_ISREG(info.st_mode) or _write_through(info.st_mode)):
+                raise InputError(f"{path}: is {_file_kind(info.st_mode)}; give a file name")
+            for name, input_info in inputs_stat:
+                if _same_file(info, input_info):
+                    raise InputError(f"{path}: is also the input {name}; write the output to another file")
+            if _write_through(info.st_mode):
+                continue
+        folder = target.parent
+        if not folder.is_dir():
+            raise InputError(f"{path}: folder {path.parent} does not exist")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise InputError(f"{path}: folder {path.parent} is not writable")
+
+
+def _umask() -> int:
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o022)  # no /proc: read it the only other way, and put it back
+    os.umask(current)
+    return current
+
+
+@dataclass
+class _Staged:
+    path: Path
+    target: Path
+    text: str
+    tmp: str | None = None
+
+
+def write_outputs(outputs: Sequence[tuple[str | Path, str]]) -> None:
+    """Write every (path, text) or none: each to a temporary file first, then all renamed.
+
+    Readers see the old content or the whole new one. Errors (a full disk, a folder that
+    is not writable) are InputError naming the path; no temporary file is left behind.
+    """
+    staged = [_Staged(Path(path), Path(os.path.realpath(path)), text) for path, text in outputs]
+    check_outputs([s.path for s in staged])
+    current: _Staged | None = None
+    try:
+        for current in staged:
+            try:
+                mode = current.target.stat().st_mode
+            except FileNotFoundError:
+                mode = None
+            if mode is not None and _write_through(mode):
+                continue
+            keep = stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask()
+            fd, current.tmp = tempfile.mkstemp(prefix=f".{current.target.name}.", suffix=".tmp", dir=current.target.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                os.fchmod(handle.fileno(), keep)
+                handle.write(current.text)
+                handle.flush()
+                os.fsync(handle.fileno())  # a full disk shows here, before anything is replaced
+        for current in staged:  # devices and FIFOs first: they are the ones that can still fail
+            if current.tmp is None:
+                _write_into(current.target, current.text)
+        for current in staged:
+            if current.tmp is not None:
+                os.replace(current.tmp, current.target)
+                current.tmp = None
+    except OSError as exc:
+        name = current.path if current is not None else "output"
+        raise InputError(f"{name}: cannot write ({exc.strerror or exc.__class__.__name__})") from None
+    finally:
+        for s in staged:
+            if s.tmp is not None:
+                Path(s.tmp).unlink(missing_ok=True)
+
+
+def _write_into(target: Path, text: str) -> None:
+    # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of hanging.
+    fd = os.open(target, os.O_WRONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        os.set_blocking(fd, True)
+        data = text.encode("utf-8")
+        while data:
+            written = os.write(fd, data)
+            data = data[written:]
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write one file so that readers see the old content or the whole new one, never a part."""
+    write_outputs([(path, text)])
+
+
+# Above this size an output is written without indentation: Python's indenting encoder
+# is pure Python and takes seconds on a schedule at the size limit, the compact one does not.
+_INDENT_UP_TO_BYTES = 1_000_000
+
+
+def json_text(data: object) -> str:
+    compact = json.dumps(data, allow_nan=False)
+    if len(compact) > _INDENT_UP_TO_BYTES:
+        return compact + "\n"
+    return json.dumps(data, indent=1, allow_nan=False) + "\n"
 
 
 def write_json_atomic(path: str | Path, data: object) -> None:
-    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
+    write_outputs([(path, json_text(data))])

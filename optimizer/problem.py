@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from optimizer.errors import InputError
 
@@ -22,26 +22,46 @@ _SUM_TOLERANCE = 1e-6
 
 PLACEMENTS = ("linear", "interleaved:V", "vshape")
 
+# Magnitude of any time or memory value: sums over every op of a problem at the size
+# limit (5e4 ops) stay far below float overflow and exact integer ticks (timescale).
+MAX_VALUE = 1e12
+
+# The size contract (README, "Size limits"): what every command handles within its
+# time limit on a 2-core machine. At MAX_OPS, `solve --time-limit 2` returns in about
+# 4 s (loading, known schedules and writing the file come on top of the limit).
+MAX_DEVICES = 1024
+MAX_MICROBATCHES = 16384
+MAX_STAGES = 4096
+MAX_OPS = 50_000  # 3 ops (F, B, W) per stage and microbatch
+
+# Strict numbers: "2" or true are not numbers, 2.0 is not a count; NaN and +-Infinity are
+# refused wherever a number enters.
+_NUMBERS = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+Count = Annotated[int, Field(ge=1)]
+Duration = Annotated[float, Field(gt=0, le=MAX_VALUE)]
+MemoryValue = Annotated[float, Field(ge=-MAX_VALUE, le=MAX_VALUE)]
+Limit = Annotated[float, Field(gt=0, le=MAX_VALUE)]
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _NUMBERS
 
 
 class StageMemory(_Strict):
     """Memory change of one op of this stage: F at its start, B and W at their end."""
 
-    forward: Annotated[float, Field(ge=0)]
-    backward_input: float
-    backward_weight: float
+    forward: Annotated[float, Field(ge=0, le=MAX_VALUE)]
+    backward_input: MemoryValue
+    backward_weight: MemoryValue
 
 
 class Stage(_Strict):
     """One model chunk: which device runs it and how long its ops take."""
 
     device: Annotated[int, Field(ge=0)]
-    forward: PositiveFloat
-    backward_input: PositiveFloat
-    backward_weight: PositiveFloat
+    forward: Duration
+    backward_input: Duration
+    backward_weight: Duration
     memory: StageMemory
 
     @model_validator(mode="after")
@@ -70,11 +90,24 @@ class Tables:
 class Problem(_Strict):
     """A pipeline-scheduling problem (see the README for its exact semantics)."""
 
-    num_devices: PositiveInt
-    num_microbatches: PositiveInt
+    num_devices: Count
+    num_microbatches: Count
     stages: Annotated[list[Stage], Field(min_length=1)]
-    comm_time: Annotated[float, Field(ge=0)] = 0.0
-    memory_limit: PositiveFloat | list[PositiveFloat] | None = None
+    comm_time: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
+    memory_limit: Limit | list[Limit] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_size(cls, data: object) -> object:
+        # Before the stages are validated one by one: a huge problem is refused at once.
+        if isinstance(data, dict):
+            stages = data.get("stages")
+            check_size(
+                data.get("num_devices"),
+                len(stages) if isinstance(stages, list) else None,
+                data.get("num_microbatches"),
+            )
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Problem:
@@ -164,6 +197,23 @@ def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
     return peaks
 
 
+def check_size(devices: object, stages: object, microbatches: object) -> None:
+    """Raise ValueError naming the size when it is beyond the size contract (see MAX_OPS)."""
+    counts = {"num_devices": (devices, MAX_DEVICES), "num_microbatches": (microbatches, MAX_MICROBATCHES), "stages": (stages, MAX_STAGES)}
+    known = {name: value for name, (value, _) in counts.items() if isinstance(value, int) and not isinstance(value, bool)}
+    for name, value in known.items():
+        limit = counts[name][1]
+        if value > limit:
+            raise ValueError(f"{name}: {value} is more than the {limit} pipesched takes (README, Size limits)")
+    if "stages" in known and "num_microbatches" in known:
+        ops = 3 * known["stages"] * known["num_microbatches"]
+        if ops > MAX_OPS:
+            raise ValueError(
+                f"size: 3 x {known['stages']} stages x {known['num_microbatches']} microbatches = {ops} ops "
+                f"is more than the {MAX_OPS} pipesched takes (README, Size limits)"
+            )
+
+
 def vshape_devices(p: int) -> list[int]:
     """Device of each of the 2p stages in the V placement: down the pipeline and back."""
     return [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
@@ -178,8 +228,11 @@ def placement_devices(placement: str, num_devices: int) -> list[int]:
         return vshape_devices(p)
     if placement.startswith("interleaved:"):
         chunks_text = placement.split(":", 1)[1]
-        if not chunks_text.isdigit() or int(chunks_text) < 1:
+        if not (chunks_text.isascii() and chunks_text.isdigit()) or int(chunks_text[:12]) < 1:
             raise InputError(f"placement: '{placement}' needs a positive chunk count, e.g. interleaved:2")
+        # Digits are cut at 12: more than that is over the limit anyway, and never converted whole.
+        if len(chunks_text) > 12 or int(chunks_text) * p > MAX_STAGES:
+            raise InputError(f"placement: '{placement[:24]}' on {p} devices is more than the {MAX_STAGES} stages pipesched takes")
         return [s % p for s in range(int(chunks_text) * p)]
     raise InputError(f"placement: '{placement}' is not one of linear, interleaved:V, vshape")
 
@@ -202,6 +255,10 @@ def uniform_problem(
 
     ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero.
     """
+    try:
+        check_size(num_devices, None, num_microbatches)  # before the placement lists a stage per device
+    except ValueError as error:
+        raise InputError(str(error)) from None
     if mem_backward_weight is None:
         mem_backward_weight = -(mem_forward + mem_backward_input)
     stage = {

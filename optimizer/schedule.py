@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.io import read_json, validate_model, write_json_atomic
-from optimizer.problem import Problem, Tables
+from optimizer.problem import MAX_OPS, MAX_VALUE, Problem, Tables
 
 FORMAT = "pipesched.schedule"
 VERSION = 1
@@ -164,17 +164,21 @@ class Schedule:
         }
 
 
+# Times of a schedule at the size limit: MAX_OPS ops of at most MAX_VALUE each.
+_MAX_TIME = MAX_VALUE * MAX_OPS
+
+
 class _OpRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     kind: OpKind
     stage: int = Field(ge=0)
     microbatch: int = Field(ge=0)
-    start: float
-    end: float
+    start: float = Field(ge=-_MAX_TIME, le=_MAX_TIME)
+    end: float = Field(ge=-_MAX_TIME, le=_MAX_TIME)
 
 
 class _MetricsRecord(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     lower_bound: float | None = None
     gap: float | None = None
     status: str | None = None
@@ -183,7 +187,7 @@ class _MetricsRecord(BaseModel):
 
 
 class _ScheduleRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     format: Literal["pipesched.schedule"]
     version: Literal[1]
     problem: Problem
@@ -212,6 +216,7 @@ def schedule_from_json(data: object, source: str = "schedule", *, check: bool = 
         raise InputError(f"{source}: schedule format version {data.get('version')!r} is not supported (this pipesched reads {VERSION})")
     record = validate_model(_ScheduleRecord, data, source)
     devices = [[TimedOp(o.kind, o.stage, o.microbatch, o.start, o.end) for o in device] for device in record.devices]
+    _check_shape(record.problem, devices, source)
     if check:
         from optimizer.validate import validate
 
@@ -224,6 +229,22 @@ def schedule_from_json(data: object, source: str = "schedule", *, check: bool = 
         if name in extra:
             setattr(schedule.metrics, name, extra[name])
     return schedule
+
+
+def _check_shape(problem: Problem, devices: list[list[TimedOp]], source: str) -> None:
+    """Refuse ops that name no op of the problem: nothing else (metrics, the validator's
+    timing rules, the executor's plans) can make sense of them."""
+    total = sum(len(ops) for ops in devices)
+    if total > MAX_OPS:  # a complete schedule has at most 3 * stages * microbatches ops
+        raise InputError(f"{source}: devices: {total} ops is more than the {MAX_OPS} pipesched takes (README, Size limits)")
+    for d, ops in enumerate(devices):
+        for k, op in enumerate(ops):
+            if op.stage >= problem.num_stages:
+                raise InputError(f"{source}: devices.{d}.{k}.stage: {op.stage} is out of range ({problem.num_stages} stages)")
+            if op.microbatch >= problem.num_microbatches:
+                raise InputError(
+                    f"{source}: devices.{d}.{k}.microbatch: {op.microbatch} is out of range ({problem.num_microbatches} microbatches)"
+                )
 
 
 def load_schedule(path: str | Path, *, check: bool = True) -> Schedule:

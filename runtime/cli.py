@@ -6,18 +6,35 @@ torch is imported inside the runtime commands only, so the optimizer's commands 
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
+import signal
+import sys
 
-import typer
+# Ctrl-C while the commands load (about a second of imports) is held until they are
+# loaded, then ends the program quietly with 130, like Ctrl-C later on (run_app).
+# Raised inside the imports, it could be turned into an ImportError of a C extension.
+_interrupts_while_loading: list[int] = []
+_python_handler = signal.getsignal(signal.SIGINT)
+if _python_handler is signal.default_int_handler:
+    signal.signal(signal.SIGINT, lambda signum, frame: _interrupts_while_loading.append(signum))
 
-from optimizer.cli import app, user_errors
-from optimizer.errors import InputError
+import functools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import typer  # noqa: E402
+
+from optimizer.cli import app, finite_option, interrupts_deferred, run_app, user_errors  # noqa: E402
+from optimizer.errors import InputError, PipeschedError  # noqa: E402
 
 _BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."
 _TIMEOUT_HELP = "Seconds a rank may wait for one transfer before every rank fails, naming the op."
 _MODEL_HELP = "example[:layers=8,hidden=128,heads=4,vocab=256,seq_len=32,batch_size=2,split=1/3/3/1] or package.module:build_stages."
+_DEBUG_HELP = "Print the traceback of a model's or a rank's exception."
+# Seconds a transfer may wait: below a second the ranks cannot even meet; above about
+# 11 days the number is a typo.
+_MIN_TIMEOUT, _MAX_TIMEOUT = 1.0, 1e6
 
 
 def _start_rank_server() -> None:
@@ -28,15 +45,39 @@ def _start_rank_server() -> None:
         rank_context()
 
 
-def _check_options(timeout: float, backend: str) -> None:
-    if not timeout > 0:
-        raise InputError(f"timeout: must be positive, got {timeout:g}")
+def _check_options(timeout: float, backend: str, threads: int | None) -> None:
+    finite_option("--timeout", timeout, low=_MIN_TIMEOUT, high=_MAX_TIMEOUT)
     if backend not in ("gloo", "nccl"):
-        raise InputError(f"backend: '{backend}' is not one of gloo, nccl")
+        raise InputError(f"--backend: '{backend}' is not one of gloo, nccl")
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        raise InputError(f"--threads: {threads} is more than the {cores} cores here")
+
+
+def with_debug(command):
+    """With --debug, print the traceback behind a one-line error (a user model's exception)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except PipeschedError as error:
+            if kwargs.get("debug") and error.__cause__ is not None:
+                traceback.print_exception(error.__cause__, file=sys.stderr)
+            raise
+
+    return wrapper
+
+
+def _world_size(default: int) -> int:
+    from runtime.launch import torchrun_world, under_torchrun
+
+    return torchrun_world()[1] if under_torchrun() else default
 
 
 @app.command()
 @user_errors
+@with_debug
 def run(
     schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to run."),
     model: str = typer.Option(..., "--model", help=_MODEL_HELP),
@@ -46,22 +87,29 @@ def run(
     backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
     timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
 ) -> None:
     """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
-    _start_rank_server()
-    from optimizer.schedule import load_schedule
-    from runtime.launch import launch, run_here, under_torchrun
-    from runtime.models import load_model
-    from runtime.plan import build_plans
-    from runtime.worker import CheckError, RunJob
+    with interrupts_deferred():
+        _start_rank_server()
+        from optimizer.schedule import load_schedule
+        from runtime.launch import launch, run_here, under_torchrun
+        from runtime.models import load_model
+        from runtime.plan import build_plans
+        from runtime.worker import CheckError, RunJob
 
-    _check_options(timeout, backend)
+    _check_options(timeout, backend, threads)
     schedule = load_schedule(schedule_file, check=False)
-    world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else schedule.problem.num_devices
-    build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank
+    world_size = _world_size(schedule.problem.num_devices)
+    try:
+        build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank
+    except InputError as error:
+        if str(error).startswith(f"{schedule_file}:"):
+            raise
+        raise InputError(f"{schedule_file}: {error}") from None
     load_model(model, schedule.problem.num_stages)  # a bad model name fails here, once
     job = RunJob(schedule.to_json(), str(schedule_file), model, steps=steps, check=check, timeout_s=timeout)
-    summary = run_here(job, backend, threads) if under_torchrun() else launch(job, world_size, backend, threads)
+    summary = run_here(job, backend, threads) if under_torchrun() else launch(job, world_size, backend, threads, debug)
     if summary is None:  # a rank other than 0 under torchrun
         return
     summary["backend"] = backend
@@ -95,6 +143,7 @@ def _print_run(summary: dict) -> None:
 
 @app.command()
 @user_errors
+@with_debug
 def profile(
     model: str = typer.Option(..., "--model", help=_MODEL_HELP),
     devices: int = typer.Option(..., "--devices", "-p", min=1, help="Pipeline devices (ranks)."),
@@ -109,28 +158,34 @@ def profile(
         None, "--memory-limit", min=0.0, help="Activation memory per device in GiB, written into the problem; default unlimited."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the problem as JSON too."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
 ) -> None:
     """Measure per-stage F, B, W times, memory changes and transfer time; write a problem for `solve`.
 
     Memory is the activations a device holds for backward, in GiB: leave out the weights
     and optimizer state when you pick --memory-limit.
     """
-    _start_rank_server()
-    from optimizer.io import validate_model, write_json_atomic
-    from optimizer.problem import Problem, placement_devices
-    from runtime.launch import launch, run_here, under_torchrun
-    from runtime.models import load_model
-    from runtime.profile import ProfileJob
+    with interrupts_deferred():
+        _start_rank_server()
+        from optimizer.io import check_outputs, validate_model, write_json_atomic
+        from optimizer.problem import Problem, check_size, placement_devices
+        from runtime.launch import launch, run_here, under_torchrun
+        from runtime.models import load_model
+        from runtime.profile import ProfileJob
 
-    _check_options(timeout, backend)
+    _check_options(timeout, backend, threads)
+    finite_option("--memory-limit", memory_limit)
+    try:
+        check_size(devices, None, microbatches)
+    except ValueError as error:
+        raise InputError(str(error)) from None
     num_stages = len(placement_devices(placement, devices))
-    if not output.parent.is_dir() and str(output.parent):
-        raise InputError(f"{output}: folder {output.parent} does not exist")
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != devices:
+    check_outputs([output])
+    if _world_size(devices) != devices:
         raise InputError(f"devices: {devices}, but torchrun started {os.environ['WORLD_SIZE']} ranks")
     load_model(model, num_stages)
     job = ProfileJob(model, devices, microbatches, placement, steps=steps, timeout_s=timeout)
-    result = run_here(job, backend, threads) if under_torchrun() else launch(job, devices, backend, threads)
+    result = run_here(job, backend, threads) if under_torchrun() else launch(job, devices, backend, threads, debug)
     if result is None:
         return
     if memory_limit is not None:
@@ -168,5 +223,12 @@ def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) 
     print(f"wrote {output}")
 
 
-def main() -> None:
-    app()
+if _python_handler is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _python_handler)
+    if _interrupts_while_loading:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130)
+
+
+def main() -> int:
+    return run_app(app)

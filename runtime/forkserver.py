@@ -9,6 +9,7 @@ overlap. Only the standard library is imported here.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from multiprocessing.context import BaseContext
 
 
@@ -18,5 +19,12 @@ def rank_context() -> BaseContext:
     context.set_forkserver_preload(["runtime.launch"])
     from multiprocessing import forkserver
 
-    forkserver.ensure_running()
+    # The server and the ranks it forks ignore Ctrl-C: the launcher stops them, and a
+    # terminal's Ctrl-C (sent to the whole process group) would otherwise print a
+    # traceback from every one of them.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return context

@@ -8,6 +8,9 @@ transfer fails at once when its connection closes) and are then stopped; the err
 lists what each rank reported, the dead rank first.
 
 `run_here` is the same entry for one rank of a torchrun job (RANK and WORLD_SIZE set).
+
+Ctrl-C stops every rank without a traceback; a rank's unexpected exception is one line
+in the error (its traceback is printed only with `debug`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,30 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def _environment_int(name: str, default: int | None = None) -> int:
+    text = os.environ.get(name)
+    if text is None and default is not None:
+        return default
+    try:
+        return int(text or "")
+    except ValueError:
+        raise InputError(f"{name}: '{text}' is not an integer (set by torchrun)") from None
+
+
+def torchrun_world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment, refused when inconsistent."""
+    world_size = _environment_int("WORLD_SIZE")
+    rank = _environment_int("RANK")
+    local_rank = _environment_int("LOCAL_RANK", rank)
+    if world_size < 1:
+        raise InputError(f"WORLD_SIZE: {world_size} is not a positive number of ranks")
+    if not 0 <= rank < world_size:
+        raise InputError(f"RANK: {rank} is out of range for WORLD_SIZE {world_size}")
+    if not 0 <= local_rank < world_size:
+        raise InputError(f"LOCAL_RANK: {local_rank} is out of range for WORLD_SIZE {world_size}")
+    return rank, world_size, local_rank
+
+
 def default_threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
@@ -68,18 +95,21 @@ def rank_device(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None = None) -> dict:
+def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None = None, debug: bool = False) -> dict:
     """Run `job` on `world_size` local ranks; rank 0's result, or LaunchError."""
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise InputError(f"backend: nccl needs {world_size} GPUs, {torch.cuda.device_count()} visible")
     threads = threads or default_threads(world_size)
-    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=job.timeout_s), wait_for_workers=False)
+    try:
+        store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=job.timeout_s), wait_for_workers=False)
+    except (RuntimeError, OSError) as error:
+        raise LaunchError(f"cannot open the ranks' meeting point on 127.0.0.1: {_first_line(error)}", 2) from error
     context = rank_context()
     with tempfile.TemporaryDirectory(prefix="pipesched-") as results:
         processes = [
             context.Process(
                 target=_rank_entry,
-                args=(rank, world_size, store.port, backend, job, threads, results),
+                args=(rank, world_size, store.port, backend, job, threads, results, debug),
                 name=f"pipesched-rank-{rank}",
             )
             for rank in range(world_size)
@@ -101,10 +131,13 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
 
 def run_here(job: Job, backend: str = "gloo", threads: int | None = None) -> dict | None:
     """Run `job` as one rank of a torchrun job; rank 0 gets the result."""
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = rank_device(backend, int(os.environ.get("LOCAL_RANK", rank)))
-    torch.set_num_threads(threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=job.timeout_s), device_id=_device_id(device))
+    rank, world_size, local_rank = torchrun_world()
+    device = rank_device(backend, local_rank)
+    torch.set_num_threads(threads or default_threads(_environment_int("LOCAL_WORLD_SIZE", world_size)))
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=job.timeout_s), device_id=_device_id(device))
+    except (ValueError, RuntimeError) as error:  # e.g. MASTER_ADDR unset, or the rendezvous timed out
+        raise LaunchError(f"rank {rank}: cannot join the torchrun job: {_first_line(error)}", 2) from error
     try:
         return job.execute(rank, world_size, device)
     finally:
@@ -116,7 +149,12 @@ def _device_id(device: torch.device) -> torch.device | None:
     return device if device.type == "cuda" else None
 
 
-def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, threads: int, results: str) -> None:
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{error.__class__.__name__}: {text.splitlines()[0]}" if text else error.__class__.__name__
+
+
+def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, threads: int, results: str, debug: bool) -> None:
     path = Path(results) / f"rank{rank}.pickle"  # a job's result is any picklable value
     try:
         torch.set_num_threads(threads)
@@ -130,9 +168,14 @@ def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, t
     except PipeschedError as error:
         path.write_bytes(pickle.dumps({"ok": False, "error": str(error), "exit_code": error.exit_code}))
         _exit(error.exit_code)
-    except BaseException as error:  # a bug or a user model's exception: keep its traceback
-        traceback.print_exc()
-        text = f"rank {rank}: {error.__class__.__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's process group
+        path.write_bytes(pickle.dumps({"ok": False, "error": f"rank {rank}: interrupted", "exit_code": 130}))
+        _exit(130)
+    except BaseException as error:  # a bug or a user model's exception: one line, the traceback on request
+        if debug:
+            traceback.print_exc()
+        model = getattr(job, "model", None)
+        text = f"rank {rank}: " + (f"model {model}: " if model else "") + _first_line(error)
         path.write_bytes(pickle.dumps({"ok": False, "error": text, "exit_code": 1}))
         _exit(1)
 

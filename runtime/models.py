@@ -203,6 +203,13 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
     return config, split
 
 
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
+
+
 def load_model(name: str, num_stages: int) -> PipelineModel:
     """Build the named model cut into `num_stages` stages (see the module docstring)."""
     if name == "example" or name.startswith("example:"):
@@ -211,14 +218,21 @@ def load_model(name: str, num_stages: int) -> PipelineModel:
     module_name, _, function_name = name.partition(":")
     if not module_name or not function_name:
         raise InputError(f"model: '{name}' is neither 'example[:options]' nor 'package.module:function'")
+    # The user's code may fail in any way; the error names the model and keeps the
+    # exception as its cause, for `--debug` to show the traceback.
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise InputError(f"model: cannot import '{module_name}' ({exc})") from None
+        raise InputError(f"model: cannot import '{module_name}' ({exc})") from exc
+    except Exception as exc:  # a syntax error, or an exception while the module runs
+        raise InputError(f"model: cannot import '{module_name}' ({_describe(exc)})") from exc
     build = getattr(module, function_name, None)
     if not callable(build):
         raise InputError(f"model: '{module_name}' has no function '{function_name}'")
-    built = build(num_stages)
+    try:
+        built = build(num_stages)
+    except Exception as exc:
+        raise InputError(f"model: {name}({num_stages}) raised {_describe(exc)}") from exc
     if isinstance(built, tuple) and len(built) == 3:
         built = PipelineModel(list(built[0]), built[1], built[2])
     if not isinstance(built, PipelineModel):

@@ -14,6 +14,7 @@ _EXPORTS = {
     "METHODS": "optimizer.exact.api",
     "check_memory_feasible": "optimizer.exact.api",
     "plot_pareto": "optimizer.exact.frontier",
+    "pareto_svg": "optimizer.exact.frontier",
     "parse_limits": "optimizer.exact.frontier",
     "SolveOptions": "optimizer.exact.options",
     "Progress": "optimizer.exact.options",

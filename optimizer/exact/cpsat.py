@@ -163,6 +163,8 @@ def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, rep
     report the thread finished while it still runs (CPython 3.11), and leaving the
     process with CP-SAT still running aborts it.
     """
+    # CP-SAT's own SIGINT handler would take Ctrl-C from Python and end only this solve.
+    solver.parameters.catch_sigint_signal = False
     outcome: dict[str, Any] = {}  # the solver's status (a CpSolverStatus)
     done = threading.Event()
 
@@ -172,13 +174,19 @@ def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, rep
         finally:
             done.set()
 
-    threading.Thread(target=work, daemon=True).start()
     try:
+        threading.Thread(target=work, daemon=True).start()  # Ctrl-C can arrive inside start()
         while not done.wait(0.05):
             pass
     except KeyboardInterrupt:
-        solver.stop_search()
-        while not done.wait(0.05):
-            pass
+        # A stop asked before the solve has begun is lost: ask until it ends, whatever
+        # further Ctrl-C arrive meanwhile.
+        while True:
+            try:
+                solver.stop_search()
+                if done.wait(0.05):
+                    break
+            except KeyboardInterrupt:
+                continue
         return outcome.get("status", cp_model.UNKNOWN), True
     return outcome["status"], False

@@ -7,6 +7,7 @@ what one microbatch needs are reported as infeasible points, not errors.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from optimizer.exact.api import solve
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.options import Progress, SolveOptions
 from optimizer.io import describe_validation_error
-from optimizer.problem import Problem
+from optimizer.problem import MAX_VALUE, Problem
 
 
 @dataclass
@@ -49,12 +50,14 @@ class ParetoCurve:
     generators: list[GeneratorPoint]
     time_limit: float
     problem: dict = field(default_factory=dict)
+    interrupted: bool = False  # Ctrl-C ended the sweep: `points` are the limits solved so far
 
     def to_json(self) -> dict:
         return {
             "format": "pipesched.pareto",
             "version": 1,
             "time_limit_per_point": self.time_limit,
+            "interrupted": self.interrupted,
             "points": [asdict(p) for p in self.points],
             "generators": [asdict(g) for g in self.generators],
             "problem": self.problem,
@@ -75,9 +78,16 @@ def parse_limits(text: str) -> list[float]:
         start, stop, step = values
     else:
         raise InputError(f"limits: '{text}' is not LOW:HIGH:STEP")
+    if not all(math.isfinite(v) for v in values):
+        raise InputError(f"limits: '{text}' needs finite numbers")
     if start <= 0 or step <= 0 or stop < start:
         raise InputError(f"limits: '{text}' needs 0 < LOW <= HIGH and STEP > 0")
-    count = int((stop - start) / step + 1e-9) + 1
+    if stop > MAX_VALUE:
+        raise InputError(f"limits: '{text}' goes above {MAX_VALUE:g}, the largest memory value pipesched takes")
+    steps = (stop - start) / step + 1e-9
+    if steps >= 1000:
+        raise InputError(f"limits: '{text}' gives more than 1000 limits; use a larger STEP")
+    count = int(steps) + 1
     if count > 1000:
         raise InputError(f"limits: '{text}' gives {count} limits; use a larger STEP")
     return [round(start + k * step, 12) for k in range(count)]
@@ -108,33 +118,51 @@ def pareto(
         GeneratorPoint(c.name, max(c.schedule.metrics.peak_memory), c.schedule.makespan, c.schedule.metrics.bubble_ratio) for c in found
     ]
     points = []
+    interrupted = False
+
+    def watch(progress: Progress) -> None:
+        nonlocal interrupted
+        interrupted = interrupted or progress.phase == "interrupted"
+        if on_progress is not None:
+            on_progress(progress)
+
     for limit in values:
         try:
-            schedule = solve(_with_limit(problem, limit), "auto", options, on_progress)
+            schedule = solve(_with_limit(problem, limit), "auto", options, watch)
         except PipeschedError as error:
             point = ParetoPoint(limit, False, note=str(error))
+        except KeyboardInterrupt:  # before this limit had any schedule: the points so far stand
+            interrupted = True
+            break
         else:
             m = schedule.metrics
             point = ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
         points.append(point)
         if on_point is not None:
             on_point(point)
-    return ParetoCurve(points, generators, options.time_limit, unlimited.model_dump(mode="json"))
+        if interrupted:  # this limit's best so far is kept; the sweep ends here
+            break
+    return ParetoCurve(points, generators, options.time_limit, unlimited.model_dump(mode="json"), interrupted)
 
 
 def plot_pareto(curve: ParetoCurve, path: str | Path) -> None:
     """An SVG with two panels: bubble and makespan against memory, solver curve and known schedules."""
+    from optimizer.io import write_text_atomic
+
+    write_text_atomic(path, pareto_svg(curve))
+
+
+def pareto_svg(curve: ParetoCurve) -> str:
+    """The text of `plot_pareto`'s SVG."""
     from io import StringIO
 
     import matplotlib.pyplot as plt
-
-    from optimizer.io import write_text_atomic
 
     figure = pareto_figure(curve)
     buffer = StringIO()
     figure.savefig(buffer, format="svg")
     plt.close(figure)
-    write_text_atomic(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def pareto_figure(curve: ParetoCurve):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -204,17 +206,50 @@ def solve_milp_subproblem(
 
 
 def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | None, float, bool]:
-    """(proven optimal or None when no solution, bound, interrupted) from a PuLP back end."""
-    try:
-        model.solve(backend)
-    except KeyboardInterrupt:
-        return None, 0.0, True
-    except pulp.PulpSolverError as error:
-        raise InputError(f"solver: {name} failed: {error}") from None
+    """(proven optimal or None when no solution, bound, interrupted) from a PuLP back end.
+
+    PuLP's command-line back ends (CBC) write model files and start a solver process it
+    loses track of when Ctrl-C interrupts its wait: the files go into a folder of ours,
+    and on Ctrl-C the processes started with that folder on their command line are killed.
+    """
+    with tempfile.TemporaryDirectory(prefix="pipesched-milp-") as folder:
+        if hasattr(backend, "tmpDir"):
+            backend.tmpDir = folder
+        try:
+            model.solve(backend)
+        except KeyboardInterrupt:
+            _kill_children_using(folder)
+            return None, 0.0, True
+        except pulp.PulpSolverError as error:
+            raise InputError(f"solver: {name} failed: {error}") from None
+        finally:
+            _kill_children_using(folder)  # a no-op after a normal solve
     # A time-limited CBC run reports status Optimal; only sol_status tells a proof apart.
     if model.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return None, 0.0, False
     return model.sol_status == pulp.LpSolutionOptimal, 0.0, False
+
+
+def _children_using(folder: str) -> list[int]:
+    """Our own child processes whose command line mentions `folder` (Linux /proc; [] elsewhere)."""
+    me = os.getpid()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == me and folder.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+    return found
+
+
+def _kill_children_using(folder: str) -> None:
+    for pid in _children_using(folder):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):  # reap it: the Popen object that would have is gone
+            os.waitpid(pid, 0)
 
 
 def _solve_with_highs_worker(model: pulp.LpProblem, time_limit: float, threads: int, seed: int) -> tuple[bool | None, float, bool]:
@@ -225,13 +260,18 @@ def _solve_with_highs_worker(model: pulp.LpProblem, time_limit: float, threads: 
         model.writeMPS(str(mps))
         start = {v.name: v.varValue for v in model.variables() if v.varValue is not None}
         start_file.write_text(json.dumps({"time_limit": time_limit, "threads": threads, "seed": seed, "start": start}))
-        process = subprocess.Popen([sys.executable, str(worker), str(mps), str(start_file), str(out)])
+        # Its own session: a terminal's Ctrl-C reaches us only, and we stop the worker.
+        process = subprocess.Popen([sys.executable, str(worker), str(mps), str(start_file), str(out)], start_new_session=True)
         try:
             process.wait()
         except KeyboardInterrupt:
-            process.terminate()
+            process.kill()
             process.wait()
             return None, 0.0, True
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         if process.returncode != 0 or not out.exists():
             raise InputError(f"solver: highs failed (exit {process.returncode})")
         result = json.loads(out.read_text())

@@ -58,7 +58,9 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     for c in found:
         tracker.offer(c.schedule, c.name)
     for policy in policies():
-        if tracker.left() <= 0 and tracker.best is not None:
+        # Once a fitting schedule is known and the known schedules' share of the time is
+        # spent, a list schedule (as slow as a simulation) would overrun a short limit.
+        if tracker.best is not None and (tracker.left() <= 0 or tracker.elapsed() >= GENERATOR_SHARE * tracker.time_limit):
             break
         orders = list_schedule(problem, policy)
         if orders is not None:

@@ -1,0 +1,108 @@
+"""Size contract benchmark: every command at the largest problem pipesched accepts.
+
+The contract (optimizer/problem.py, README "Size limits") caps a problem at MAX_OPS ops
+(3 x stages x microbatches) and at MAX_DEVICES / MAX_MICROBATCHES / MAX_STAGES. This
+script runs the real command line, as a user would, on problems just under MAX_OPS in
+six shapes (many microbatches, many devices, the V and interleaved placements, the most
+stages), and records each command's wall time, process start included. For `solve` and
+`pareto` it states the slack: wall time minus `--time-limit`. Prints a table and writes
+benchmarks/results/size_contract.json.
+
+    python benchmarks/size_contract.py [--time-limit 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console
+from rich.table import Table
+
+from optimizer.io import write_json_atomic
+from optimizer.problem import MAX_OPS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (name, devices, microbatches, placement): each at most MAX_OPS ops.
+SHAPES = [
+    ("linear p32 m520", 32, 520, "linear"),
+    ("vshape p32 m260", 32, 260, "vshape"),
+    ("interleaved:4 p16 m260", 16, 260, "interleaved:4"),
+    ("linear p1024 m16", 1024, 16, "linear"),
+    ("linear p2 m8333", 2, 8333, "linear"),
+    ("interleaved:4 p1024 m4", 1024, 4, "interleaved:4"),
+]
+
+
+def cli(*args: str) -> tuple[int, float, str]:
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from runtime.cli import main; sys.exit(main())", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=600,
+    )
+    return result.returncode, time.monotonic() - began, result.stderr.strip().splitlines()[-1:][0] if result.stderr.strip() else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--time-limit", type=float, default=2.0)
+    args = parser.parse_args()
+    limit = args.time_limit
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pipesched-size-") as folder:
+        for name, p, m, placement in SHAPES:
+            problem, schedule, picture, curve = (str(Path(folder) / f) for f in ("p.json", "s.json", "s.svg", "c.json"))
+            steps = [
+                ("problem", None, ["problem", "-p", str(p), "-m", str(m), "--placement", placement, "-o", problem]),
+                ("solve auto", limit, ["solve", problem, "--time-limit", str(limit), "-q", "-o", schedule]),
+                ("compare", None, ["compare", problem, "--json"]),
+                ("pareto (1 limit)", limit, ["pareto", problem, "--limits", str(4 * p), "--time-limit", str(limit), "-q", "-o", curve]),
+                ("validate", None, ["validate", schedule]),
+                ("show svg", None, ["show", schedule, "-o", picture]),
+            ]
+            stages = None
+            for command, time_limit, argv in steps:
+                code, seconds, last = cli(*argv)
+                if command == "problem":
+                    stages = len(json.loads(Path(problem).read_text())["stages"])
+                rows.append(
+                    {
+                        "shape": name,
+                        "ops": 3 * stages * m,
+                        "command": command,
+                        "exit": code,
+                        "seconds": round(seconds, 2),
+                        "time_limit": time_limit,
+                        "slack": round(seconds - time_limit, 2) if time_limit is not None else None,
+                        "stderr": last if code else "",
+                    }
+                )
+                print(f"{name:24} {command:18} exit {code} {seconds:6.2f} s", flush=True)
+    table = Table(title=f"every command at the size limit ({MAX_OPS} ops), --time-limit {limit:g}")
+    for column in ("shape", "ops", "command", "exit", "seconds", "slack"):
+        table.add_column(column, justify="right" if column not in ("shape", "command") else "left")
+    for row in rows:
+        slack = "-" if row["slack"] is None else f"{row['slack']:.2f}"
+        table.add_row(row["shape"], str(row["ops"]), row["command"], str(row["exit"]), f"{row['seconds']:.2f}", slack)
+    Console().print(table)
+    timed = [row for row in rows if row["slack"] is not None]
+    print(f"largest slack over --time-limit: {max(row['slack'] for row in timed):.2f} s")
+    setup = {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(), "time_limit": limit}
+    write_json_atomic(ROOT / "benchmarks" / "results" / "size_contract.json", {"setup": setup, "max_ops": MAX_OPS, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

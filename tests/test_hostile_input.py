@@ -1,0 +1,459 @@
+"""Hostile input through the real command line: every case gets one line and exit 2, nothing written.
+
+A corpus of bad files and options (generated here into a temporary folder) goes through
+each command that takes it, each case in its own `pipesched` process. Every case checks:
+the exit code; stderr is exactly one line, without a traceback, naming the file, field
+or option; no file in the corpus or the case's output folder created or changed (bytes
+and mode); and a hang guard on the time taken. Then the size contract at its limit and
+just over, and Ctrl-C during solve (CBC and auto), pareto and run.
+
+Cases run in parallel threads (each is a separate process) to keep the file near a minute
+on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from optimizer.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_OPS, MAX_STAGES, uniform_problem
+from optimizer.schedule import load_schedule, save_schedule
+from optimizer.schedules import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-c", "import sys; from runtime.cli import main; sys.exit(main())"]
+# A hang guard, not a speed target: the slowest case (a runtime command importing torch
+# on a loaded 2-core machine) takes under 10 s; a case that blocks on a FIFO or runs a
+# huge problem would take minutes.
+HANG_GUARD_SECONDS = 30.0
+
+
+def run_cli(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess, float]:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)]), **(env or {})}
+    began = time.monotonic()
+    result = subprocess.run(CLI + args, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return result, time.monotonic() - began
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int] | str]:
+    """Every entry under `folder`: a regular file's bytes and mode, or the kind of anything else."""
+    found: dict[str, tuple[bytes, int] | str] = {}
+    for path in sorted(folder.rglob("*")):
+        info = path.lstat()
+        if stat.S_ISREG(info.st_mode):
+            found[str(path.relative_to(folder))] = (path.read_bytes(), stat.S_IMODE(info.st_mode))
+        else:
+            found[str(path.relative_to(folder))] = stat.filemode(info.st_mode)[0]
+    return found
+
+
+# ---------------------------------------------------------------------------------- corpus
+
+
+def _problem_text(**changes) -> str:
+    data = uniform_problem(2, 4).model_dump(mode="json")
+    data.update(changes)
+    return json.dumps(data, indent=1)
+
+
+def write_corpus(folder: Path) -> None:
+    """The hostile files: problems, schedules and user models, each named for its flaw."""
+    good = uniform_problem(2, 4)
+    (folder / "p.json").write_text(json.dumps(good.model_dump(mode="json"), indent=1))
+    save_schedule(generate(good, "1f1b"), folder / "s.json")
+    problem = (folder / "p.json").read_text()
+    schedule = (folder / "s.json").read_text()
+    files = {
+        "nan_forward.json": problem.replace('"forward": 1.0', '"forward": NaN', 1),
+        "inf_comm.json": problem.replace('"comm_time": 0.0', '"comm_time": Infinity'),
+        "neg_inf_memory.json": problem.replace('"backward_weight": -1.0', '"backward_weight": -Infinity', 1),
+        "huge_forward.json": problem.replace('"forward": 1.0', '"forward": 1e308', 1),
+        "overflow_forward.json": problem.replace('"forward": 1.0', '"forward": 1e400', 1),
+        "string_devices.json": problem.replace('"num_devices": 2', '"num_devices": "2"'),
+        "bool_devices.json": problem.replace('"num_devices": 2', '"num_devices": true'),
+        "duplicate_key.json": problem.replace('"num_devices": 2', '"num_devices": 2, "num_devices": 3'),
+        "million_microbatches.json": _problem_text(num_microbatches=1_000_000),
+        "float_microbatches.json": problem.replace('"num_microbatches": 4', '"num_microbatches": 1e6'),
+        "many_devices.json": _problem_text(num_devices=100_000),
+        "over_ops.json": _problem_text(num_microbatches=MAX_OPS // 6 + 1),
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "latin1.json": None,
+        "empty.json": "",
+        "nan_start.json": schedule.replace('"start": 0.0', '"start": NaN', 1),
+        "inf_end.json": schedule.replace('"end": 1.0', '"end": Infinity', 1),
+        "stage_out_of_range.json": _edited_schedule(schedule, stage=7),
+        "microbatch_out_of_range.json": _edited_schedule(schedule, microbatch=99),
+        "wrong_device.json": _edited_schedule(schedule, stage=1),
+        "raising_model.py": "def build_stages(num_stages):\n    raise RuntimeError('no weights here')\n",
+        "syntax_model.py": "def build_stages(num_stages) return\n",
+        "import_model.py": "import module_that_is_not_there\n",
+    }
+    for name, text in files.items():
+        if text is not None:
+            (folder / name).write_text(text)
+    (folder / "latin1.json").write_bytes(b'{"num_devices": "\xe9"}')
+    for name, text in files.items():
+        if name.endswith(".json") and text:
+            assert text != (schedule if "start" in text else problem), f"corpus file {name} did not change"
+    os.mkfifo(folder / "fifo.json")
+    (folder / "folder.json").mkdir()
+    with open(folder / "huge.json", "wb") as handle:  # sparse: 100 MiB without writing them
+        handle.truncate(100 * 2**20)
+    (folder / "existing.json").write_text("{}\n")
+    os.chmod(folder / "existing.json", 0o644)
+
+
+def _edited_schedule(text: str, **op_fields) -> str:
+    data = json.loads(text)
+    data["devices"][0][0].update(op_fields)
+    return json.dumps(data, indent=1)
+
+
+@dataclass
+class Case:
+    name: str
+    args: list[str]  # {C}: the corpus folder, {O}: this case's output folder
+    names: list[str]  # stderr must mention each
+    code: int = 2
+    env: dict[str, str] = field(default_factory=dict)
+    stdout_names: list[str] = field(default_factory=list)  # and stdout each of these
+
+
+PROBLEM_FILES = {
+    "nan_forward.json": "NaN",
+    "inf_comm.json": "Infinity",
+    "neg_inf_memory.json": "Infinity",
+    "huge_forward.json": "stages.0.forward",
+    "overflow_forward.json": "1e400",
+    "string_devices.json": "num_devices",
+    "bool_devices.json": "num_devices",
+    "duplicate_key.json": "'num_devices' appears twice",
+    "million_microbatches.json": "num_microbatches",
+    "float_microbatches.json": "num_microbatches",
+    "many_devices.json": "num_devices",
+    "over_ops.json": f"the {MAX_OPS} pipesched takes",
+    "deep.json": "nested too deeply",
+    "latin1.json": "not UTF-8",
+    "empty.json": "not valid JSON",
+    "fifo.json": "FIFO",
+    "folder.json": "directory",
+    "huge.json": "bytes",
+    "missing.json": "no such file",
+}
+SCHEDULE_FILES = {
+    "nan_start.json": "NaN",
+    "inf_end.json": "Infinity",
+    "stage_out_of_range.json": "devices.0.0.stage: 7 is out of range",
+    "microbatch_out_of_range.json": "devices.0.0.microbatch: 99 is out of range",
+    "deep.json": "nested too deeply",
+    "fifo.json": "FIFO",
+    "folder.json": "directory",
+    "huge.json": "bytes",
+    "p.json": "not a pipesched schedule",
+}
+
+
+def cases() -> list[Case]:
+    found: list[Case] = []
+    for name, says in PROBLEM_FILES.items():
+        found.append(Case(f"solve-{name}", ["solve", f"{{C}}/{name}", "--method", "1f1b", "-o", "{O}/s.json"], [name, says]))
+        found.append(Case(f"compare-{name}", ["compare", f"{{C}}/{name}"], [name, says]))
+    for name in ("nan_forward.json", "duplicate_key.json", "over_ops.json", "fifo.json", "deep.json"):
+        found.append(
+            Case(f"pareto-{name}", ["pareto", f"{{C}}/{name}", "--limits", "2:4:1", "-o", "{O}/c.json"], [name, PROBLEM_FILES[name]])
+        )
+    for name, says in SCHEDULE_FILES.items():
+        found.append(Case(f"validate-{name}", ["validate", f"{{C}}/{name}"], [name, says]))
+        found.append(Case(f"show-{name}", ["show", f"{{C}}/{name}", "-o", "{O}/g.svg"], [name, says]))
+    found += [
+        # numbers given as options
+        Case("problem-forward-nan", ["problem", "-p", "2", "-m", "4", "--forward", "nan", "-o", "{O}/p.json"], ["--forward", "finite"]),
+        Case("problem-comm-inf", ["problem", "-p", "2", "-m", "4", "--comm", "inf", "-o", "{O}/p.json"], ["--comm", "finite"]),
+        Case("problem-limit-nan", ["problem", "-p", "2", "-m", "4", "--memory-limit", "nan", "-o", "{O}/p.json"], ["--memory-limit"]),
+        Case("problem-huge-forward", ["problem", "-p", "2", "-m", "4", "--forward", "1e308", "-o", "{O}/p.json"], ["forward", "less than"]),
+        Case("problem-million-m", ["problem", "-p", "2", "-m", "1000000", "-o", "{O}/p.json"], ["num_microbatches", "1000000"]),
+        Case("problem-many-p", ["problem", "-p", "100000", "-m", "4", "-o", "{O}/p.json"], ["num_devices", "100000"]),
+        Case(
+            "problem-huge-v", ["problem", "-p", "2", "-m", "4", "--placement", "interleaved:99999999999", "-o", "{O}/p.json"], ["placement"]
+        ),
+        Case("problem-m-text", ["problem", "-p", "2", "-m", "x", "-o", "{O}/p.json"], ["--microbatches"]),
+        Case("problem-unknown-option", ["problem", "-p", "2", "-m", "4", "--bogus", "-o", "{O}/p.json"], ["--bogus"]),
+        Case("solve-time-limit-nan", ["solve", "{C}/p.json", "--time-limit", "nan", "-o", "{O}/s.json"], ["--time-limit"]),
+        Case("solve-time-limit-inf", ["solve", "{C}/p.json", "--time-limit", "inf", "-o", "{O}/s.json"], ["--time-limit"]),
+        Case("solve-threads-huge", ["solve", "{C}/p.json", "--threads", "100000", "-o", "{O}/s.json"], ["--threads"]),
+        Case("pareto-limits-nan", ["pareto", "{C}/p.json", "--limits", "nan:4:1", "-o", "{O}/c.json"], ["limits"]),
+        Case("pareto-limits-inf", ["pareto", "{C}/p.json", "--limits", "1:inf:1", "-o", "{O}/c.json"], ["limits"]),
+        Case("pareto-limits-tiny-step", ["pareto", "{C}/p.json", "--limits", "1:1e308:1e-308", "-o", "{O}/c.json"], ["limits"]),
+        Case(
+            "pareto-time-limit-nan", ["pareto", "{C}/p.json", "--limits", "2", "--time-limit", "nan", "-o", "{O}/c.json"], ["--time-limit"]
+        ),
+        # outputs
+        Case("problem-output-folder", ["problem", "-p", "2", "-m", "4", "-o", "{C}/folder.json"], ["folder.json", "directory"]),
+        Case(
+            "problem-output-unwritable", ["problem", "-p", "2", "-m", "4", "-o", "/proc/pipesched-test.json"], ["/proc/pipesched-test.json"]
+        ),
+        Case("problem-output-full-device", ["problem", "-p", "2", "-m", "4", "-o", "/dev/full"], ["/dev/full", "No space left"]),
+        Case("problem-output-no-folder", ["problem", "-p", "2", "-m", "4", "-o", "{O}/missing/p.json"], ["does not exist"]),
+        Case("solve-output-is-input", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "{C}/p.json"], ["p.json", "is also the input"]),
+        Case("solve-output-full-device", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "/dev/full"], ["/dev/full"]),
+        Case("solve-output-folder", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "{C}/folder.json"], ["directory"]),
+        Case("show-output-is-input", ["show", "{C}/s.json", "-o", "{C}/s.json"], ["s.json", "is also the input"]),
+        Case("show-output-folder", ["show", "{C}/s.json", "-o", "{C}/folder.json"], ["directory"]),
+        Case("show-output-unwritable", ["show", "{C}/s.json", "-o", "/proc/pipesched-test.svg"], ["/proc/pipesched-test.svg"]),
+        # pareto: a bad plot path leaves the curve file (which exists) untouched
+        Case(
+            "pareto-plot-folder",
+            ["pareto", "{C}/p.json", "--limits", "2", "--time-limit", "1", "-o", "{C}/existing.json", "--plot", "{C}/folder.json"],
+            ["directory"],
+        ),
+        Case(
+            "pareto-plot-unwritable",
+            ["pareto", "{C}/p.json", "--limits", "2", "--time-limit", "1", "-o", "{C}/existing.json", "--plot", "/proc/x.svg"],
+            ["/proc/x.svg"],
+        ),
+        # validate names the device of an op placed on the wrong one (a violation: exit 1)
+        Case(
+            "validate-wrong-device",
+            ["validate", "{C}/wrong_device.json"],
+            ["wrong_device.json", "invalid"],
+            code=1,
+            stdout_names=["runs on device 0, its stage is on device 1"],
+        ),
+        # runtime
+        Case(
+            "run-stage-out-of-range",
+            ["run", "{C}/stage_out_of_range.json", "--model", "example"],
+            ["stage_out_of_range.json", "out of range"],
+        ),
+        Case("run-wrong-device", ["run", "{C}/wrong_device.json", "--model", "example"], ["wrong_device.json", "device 0", "device 1"]),
+        Case(
+            "run-raising-model",
+            ["run", "{C}/s.json", "--model", "raising_model:build_stages"],
+            ["raising_model:build_stages", "RuntimeError: no weights here"],
+        ),
+        Case("run-syntax-model", ["run", "{C}/s.json", "--model", "syntax_model:build_stages"], ["syntax_model", "SyntaxError"]),
+        Case(
+            "run-import-model", ["run", "{C}/s.json", "--model", "import_model:build_stages"], ["import_model", "module_that_is_not_there"]
+        ),
+        Case("run-threads", ["run", "{C}/s.json", "--model", "example", "--threads", "1000"], ["--threads", "1000"]),
+        Case("run-tiny-timeout", ["run", "{C}/s.json", "--model", "example", "--timeout", "0.001"], ["--timeout"]),
+        Case("run-rank-out-of-range", ["run", "{C}/s.json", "--model", "example"], ["RANK", "5"], env={"RANK": "5", "WORLD_SIZE": "2"}),
+        Case(
+            "run-bad-world-size", ["run", "{C}/s.json", "--model", "example"], ["WORLD_SIZE", "two"], env={"RANK": "0", "WORLD_SIZE": "two"}
+        ),
+        Case(
+            "profile-tiny-timeout",
+            ["profile", "--model", "example", "-p", "2", "-m", "2", "--timeout", "0", "-o", "{O}/p.json"],
+            ["--timeout"],
+        ),
+        Case("profile-many-devices", ["profile", "--model", "example", "-p", "100000", "-m", "2", "-o", "{O}/p.json"], ["num_devices"]),
+        Case("profile-output-folder", ["profile", "--model", "example", "-p", "2", "-m", "2", "-o", "{C}/folder.json"], ["directory"]),
+        Case(
+            "profile-raising-model",
+            ["profile", "--model", "raising_model:build_stages", "-p", "2", "-m", "2", "-o", "{O}/p.json"],
+            ["raising_model"],
+        ),
+    ]
+    return found
+
+
+CASES = cases()
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, tuple]:
+    """Run every case once (4 at a time); the corpus must be unchanged after all of them."""
+    corpus = tmp_path_factory.mktemp("corpus")
+    write_corpus(corpus)
+    before = snapshot(corpus)
+
+    def one(case: Case) -> tuple:
+        out = tmp_path_factory.mktemp("out")
+        args = [a.replace("{C}", str(corpus)).replace("{O}", str(out)) for a in case.args]
+        result, seconds = run_cli(args, corpus, case.env)
+        return result, seconds, snapshot(out)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = dict(zip([c.name for c in CASES], pool.map(one, CASES)))
+    assert snapshot(corpus) == before, "a hostile case created or changed a file in the corpus"
+    return results
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_hostile_case_gets_one_line_and_writes_nothing(case: Case, outcomes) -> None:
+    result, seconds, written = outcomes[case.name]
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == case.code, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for name in case.names:
+        assert name in lines[0], lines[0]
+    for name in case.stdout_names:
+        assert name in result.stdout, result.stdout
+    assert written == {}, f"{case.name} wrote {sorted(written)}"
+    assert seconds < HANG_GUARD_SECONDS
+
+
+# ---------------------------------------------------------------------------- output files
+
+
+def test_outputs_keep_mode_honour_umask_and_write_through_devices(tmp_path) -> None:
+    existing = tmp_path / "kept.json"
+    existing.write_text("{}")
+    os.chmod(existing, 0o640)
+    result, _ = run_cli(["problem", "-p", "2", "-m", "4", "-o", str(existing)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o640
+    previous = os.umask(0o027)
+    try:
+        result, _ = run_cli(["problem", "-p", "2", "-m", "4", "-o", str(tmp_path / "new.json")], tmp_path)
+    finally:
+        os.umask(previous)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o640  # 0666 & ~027
+    result, _ = run_cli(["solve", "new.json", "--method", "1f1b", "-o", "/dev/null"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "new.json"]  # no temporary file left
+
+
+# --------------------------------------------------------------------------- size contract
+
+
+def test_size_contract_at_the_limit_and_just_over(tmp_path) -> None:
+    m = MAX_OPS // 6  # p = 2, linear: 3 * 2 * m ops
+    result, _ = run_cli(["problem", "-p", "2", "-m", str(m), "-o", "at.json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    result, _ = run_cli(["solve", "at.json", "--method", "1f1b", "-o", "s.json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(load_schedule(tmp_path / "s.json").order()[0]) == 2 * m  # checked by the validator on load
+    over = [
+        (["-p", "2", "-m", str(m + 1)], f"= {6 * (m + 1)} ops is more than the {MAX_OPS}"),
+        (["-p", str(MAX_DEVICES + 1), "-m", "1"], f"{MAX_DEVICES + 1} is more than the {MAX_DEVICES}"),
+        (["-p", "1", "-m", str(MAX_MICROBATCHES + 1)], f"{MAX_MICROBATCHES + 1} is more than the {MAX_MICROBATCHES}"),
+        (["-p", "1", "-m", "1", "--placement", f"interleaved:{MAX_STAGES + 1}"], f"more than the {MAX_STAGES} stages"),
+    ]
+    for options, says in over:
+        result, _ = run_cli(["problem", *options, "-o", "over.json"], tmp_path)
+        assert result.returncode == 2 and says in result.stderr, (options, result.stderr)
+    assert not (tmp_path / "over.json").exists()
+
+
+# ------------------------------------------------------------------------------ interrupts
+
+
+def hard_problem(folder: Path) -> Path:
+    """Heterogeneous times under a tight limit: the solvers do not close it within seconds."""
+    path = folder / "hard.json"
+    problem = uniform_problem(4, 12, 1.0, 1.3, 0.7, comm_time=0.05, memory_limit=3.0)
+    path.write_text(json.dumps(problem.model_dump(mode="json")))
+    return path
+
+
+def session_processes(session: int) -> list[str]:
+    """Live (not zombie) processes of a session, as "pid command"."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.append(f"{entry.name} {command[:80]}")
+    return found
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def start(args: list[str], cwd: Path, tmp: Path) -> subprocess.Popen:
+    # Its own session, like a terminal's job: Ctrl-C is sent to the whole process group.
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    return subprocess.Popen(
+        CLI + args, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def interrupt(process: subprocess.Popen) -> tuple[str, str]:
+    os.killpg(process.pid, signal.SIGINT)
+    return process.communicate(timeout=HANG_GUARD_SECONDS)
+
+
+def test_ctrl_c_during_cbc_kills_it_and_removes_its_files(tmp_path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    process = start(["solve", str(hard_problem(tmp_path)), "--method", "milp", "--time-limit", "60", "-q", "-o", "s.json"], tmp_path, tmp)
+    # Interrupt while CBC runs: wait until the solver process exists.
+    assert wait_for(lambda: any("cbc" in line for line in session_processes(process.pid)), 30), "CBC never started"
+    _, err = interrupt(process)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    # The session's processes are gone (the CBC child included); only our tmp was used.
+    assert wait_for(lambda: not session_processes(process.pid), 5), session_processes(process.pid)
+    assert list(tmp.iterdir()) == []
+    assert load_schedule(tmp_path / "s.json").makespan > 0  # the best so far, valid (checked on load)
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0, 2.0])
+def test_ctrl_c_early_in_solve_is_not_swallowed(tmp_path, delay: float) -> None:
+    process = start(["solve", str(hard_problem(tmp_path)), "--time-limit", "60", "-q", "-o", "s.json"], tmp_path, tmp_path)
+    time.sleep(delay)
+    began = time.monotonic()
+    _, err = interrupt(process)
+    # Swallowed, the solve would run on for its 60 s; honoured, it stops at once (the
+    # guard is generous for a loaded machine).
+    assert time.monotonic() - began < 10, err
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    if (tmp_path / "s.json").exists():  # interrupted after the first schedule: it is valid
+        load_schedule(tmp_path / "s.json")
+
+
+def test_ctrl_c_during_pareto_writes_the_points_so_far(tmp_path) -> None:
+    process = start(
+        ["pareto", str(hard_problem(tmp_path)), "--limits", "3:8:1", "--time-limit", "3", "-o", "c.json", "--plot", "c.svg"],
+        tmp_path,
+        tmp_path,
+    )
+    assert process.stderr is not None
+    first = process.stderr.readline()  # "limit 3: ..." once the first limit is solved
+    assert first.startswith("limit 3"), first
+    _, err = interrupt(process)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    curve = json.loads((tmp_path / "c.json").read_text())
+    assert curve["interrupted"] is True
+    assert 1 <= len(curve["points"]) < 6
+    assert curve["points"][0]["limit"] == 3 and curve["points"][0]["feasible"]
+    assert (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_ctrl_c_during_run_exits_130_without_traceback(tmp_path) -> None:
+    save_schedule(generate(uniform_problem(2, 4), "1f1b"), tmp_path / "s.json")
+    process = start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, tmp_path)
+    time.sleep(4)
+    _, err = interrupt(process)
+    assert process.returncode == 130, err
+    assert err.strip() == "interrupted"
+    # The rank server may still be importing torch when Ctrl-C comes; it exits on its own
+    # once it sees its parent gone, within seconds.
+    assert wait_for(lambda: not session_processes(process.pid), 20), session_processes(process.pid)
