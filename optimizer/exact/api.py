@@ -71,7 +71,7 @@ def solve(
             starts = starting_points(problem, tracker)
             if not tracker.closed():
                 if method == "cpsat":
-                    whole_model(problem, integer_tables(problem), options, tracker, max(0.1, tracker.left()))
+                    whole_model(problem, integer_tables(problem), options, tracker, tracker.deadline)
                 else:
                     _whole_milp(problem, options, tracker)
     except KeyboardInterrupt:

@@ -131,16 +131,19 @@ def solve_cpsat_subproblem(
             model.add_hint(end[j], sub.hint[j] + sub.duration[j])
 
     # --- solve ------------------------------------------------------------------------
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit)
-    if deterministic_limit is not None:
-        solver.parameters.max_deterministic_time = deterministic_limit
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = seed
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is handled by _solve_interruptibly
-    reporter = _Reporter(target, on_solution)
     began = time.perf_counter()
-    status, interrupted = _solve_interruptibly(solver, model, reporter)
+    interrupted = False
+    try:
+        solver, status = run_cpsat(
+            model,
+            time_limit=time_limit,
+            seed=seed,
+            threads=threads,
+            deterministic_limit=deterministic_limit,
+            callback=_Reporter(target, on_solution),
+        )
+    except CpsatInterrupted as stop:  # keep what was found; the caller re-raises
+        solver, status, interrupted = stop.solver, stop.status, True
     seconds = time.perf_counter() - began
 
     # --- read the solution ------------------------------------------------------------
@@ -154,6 +157,43 @@ def solve_cpsat_subproblem(
             bound = 0
         return CpsatResult(name, starts, value, bound, interrupted, seconds)
     return CpsatResult(name, None, None, 0, interrupted, seconds)
+
+
+def run_cpsat(
+    model: cp_model.CpModel,
+    *,
+    time_limit: float,
+    seed: int,
+    threads: int,
+    deterministic_limit: float | None = None,
+    callback: cp_model.CpSolverSolutionCallback | None = None,
+) -> tuple[cp_model.CpSolver, Any]:
+    """Solve `model` the one way every pipesched model is solved; (solver, status).
+
+    Wall-clock limit, optional deterministic limit (repeatable runs), seed and worker
+    count set here once; Ctrl-C stops the search and is raised again as
+    KeyboardInterrupt once CP-SAT has returned (the solver then holds the best so far,
+    for callers that catch it).
+    """
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+    if deterministic_limit is not None:
+        solver.parameters.max_deterministic_time = deterministic_limit
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    status, interrupted = _solve_interruptibly(solver, model, callback)
+    if interrupted:
+        raise CpsatInterrupted(solver, status)
+    return solver, status
+
+
+class CpsatInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a CP-SAT solve; `solver` and `status` hold what it had found."""
+
+    def __init__(self, solver: cp_model.CpSolver, status: Any):
+        super().__init__()
+        self.solver = solver
+        self.status = status
 
 
 def _solve_interruptibly(solver: cp_model.CpSolver, model: cp_model.CpModel, reporter) -> tuple[Any, bool]:

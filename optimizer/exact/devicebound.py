@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from ortools.sat.python import cp_model
 
 from optimizer.exact.bounds import device_tails, heads, jackson_preemptive, tails
-from optimizer.exact.cpsat import _solve_interruptibly
+from optimizer.exact.cpsat import run_cpsat
 from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.problem import Problem
 
@@ -157,14 +157,7 @@ class DeviceRelaxation:
 
         # --- objective and solve --------------------------------------------------------
         model.minimize(makespan)
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.01, time_limit)
-        solver.parameters.num_workers = max(1, threads)
-        solver.parameters.random_seed = seed
-        solver.parameters.catch_sigint_signal = False
-        status, interrupted = _solve_interruptibly(solver, model, None)
-        if interrupted:
-            raise KeyboardInterrupt
+        solver, status = run_cpsat(model, time_limit=time_limit, seed=seed, threads=threads)
         if status == cp_model.OPTIMAL:
             return solver.value(makespan), True
         if status == cp_model.INFEASIBLE:

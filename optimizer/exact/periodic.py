@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
-from optimizer.exact.cpsat import _solve_interruptibly
+from optimizer.exact.cpsat import run_cpsat
 from optimizer.exact.timescale import IntegerTables
 from optimizer.problem import Problem
 from optimizer.schedule import Op
@@ -109,13 +109,7 @@ def solve_period(
     model.minimize(latency + sum(lifespans))
 
     # --- solve ------------------------------------------------------------------------
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, time_limit)
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = seed
-    status, interrupted = _solve_interruptibly(solver, model, None)
-    if interrupted:
-        raise KeyboardInterrupt
+    solver, status = run_cpsat(model, time_limit=time_limit, seed=seed, threads=threads)
 
     # --- read the solution ------------------------------------------------------------
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

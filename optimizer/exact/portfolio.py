@@ -1,20 +1,21 @@
-"""The `auto` method: known schedules first, then exact models and window search.
+"""The `auto` method: known schedules first, then declared phases of exact models and search.
 
-1. Every applicable generator and a few list-scheduler policies; the best one that fits
-   the memory limit is the incumbent (auto is never worse than it).
-2. Where a pair of devices makes a small model: a share of the time raising the lower
-   bound with exact relaxations on growing sets of devices (optimizer.exact.devicebound).
-3. Small problems (up to FULL_MODEL_OPS ops): a short window search to sharpen the
-   incumbent, then the whole CP-SAT model hinted with it, which can prove optimality.
-4. Larger problems: a periodic steady state solved once and unrolled
-   (optimizer.exact.periodic) for a share of the time, then window search
-   (optimizer.exact.neighbourhood) from the best schedule until the time limit or the
-   lower bound is reached.
+The starting points (every applicable generator and a few list-scheduler policies) give
+the incumbent: the best that fits the memory limit, so `auto` is never worse than any of
+them. Then each phase of PHASES that applies to the problem runs in order, for its share
+of the time left, until the time limit or until the incumbent meets the lower bound:
+device relaxations raise the bound (optimizer.exact.devicebound); small problems (up to
+FULL_MODEL_OPS ops) get a short window search and then the whole CP-SAT model, which can
+prove optimality; larger ones a periodic steady state solved once and unrolled
+(optimizer.exact.periodic), then window search (optimizer.exact.neighbourhood). The
+progress line names the phase that runs.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from optimizer.exact import devicebound
 from optimizer.exact.canonical import canonical
@@ -37,9 +38,7 @@ FULL_MODEL_OPS = 600
 WINDOW_SHARE_SMALL = 0.25
 # Share of the time left after the starting points that periodic patterns may take.
 PERIODIC_SHARE = 0.2
-# Share of the time left after the starting points that the device relaxations may take:
-# at p = 8, m = 16 under a tight limit they lift the bound from 88.7 to 92.5 (optimum
-# <= 94) in ~15 s, where the whole model proves nothing above 88.7 in minutes.
+# Share of the time left after the starting points that the device relaxations may take.
 RELAXATION_SHARE = 0.3
 
 
@@ -70,8 +69,9 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     return found
 
 
-def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, time_limit: float) -> None:
+def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     """The whole CP-SAT model hinted with the incumbent; offers its solution, raises the bound."""
+    time_limit = max(0.1, until - time.monotonic())
     hint = None
     if tracker.best is not None:
         hint = simulate_times(tick_problem(problem, tables), canonical(tracker.best.order()))
@@ -113,27 +113,46 @@ def window_search(problem: Problem, tables: IntegerTables, options: SolveOptions
     )
 
 
+@dataclass(frozen=True)
+class Phase:
+    """One step of `auto` after the starting points.
+
+    applies: whether it runs on this problem and objective; share: the part of the time
+    left when it starts that it may use (1.0: until the time limit); run: the step,
+    offering schedules and bounds to the tracker until `until` (time.monotonic()).
+    """
+
+    name: str
+    applies: Callable[[Problem, SolveOptions], bool]
+    share: float
+    run: Callable[[Problem, IntegerTables, SolveOptions, Tracker, float], None]
+
+
+def _small(problem: Problem, options: SolveOptions) -> bool:
+    return 3 * problem.num_stages * problem.num_microbatches <= FULL_MODEL_OPS
+
+
+def _large(problem: Problem, options: SolveOptions) -> bool:
+    return not _small(problem, options)
+
+
+def _relaxable(problem: Problem, options: SolveOptions) -> bool:
+    return devicebound.applicable(problem, objective=options.objective)
+
+
 def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
+    """The starting points, then every phase of PHASES that applies, in order."""
     starting_points(problem, tracker)
-    if tracker.best is None or tracker.closed() or tracker.left() <= 0:
-        return
-    if devicebound.applicable(problem, objective=options.objective):
-        relaxation_bounds(problem, options, tracker, time.monotonic() + RELAXATION_SHARE * tracker.left())
-        if tracker.closed() or tracker.left() <= 0:
-            return
     tables = integer_tables(problem)
-    ops = 3 * problem.num_stages * problem.num_microbatches
-    if ops <= FULL_MODEL_OPS:
-        window_search(problem, tables, options, tracker, time.monotonic() + WINDOW_SHARE_SMALL * tracker.left())
-        if not tracker.closed() and tracker.left() > 0:
-            whole_model(problem, tables, options, tracker, tracker.left())
-    else:
-        periodic_patterns(problem, tables, options, tracker, time.monotonic() + PERIODIC_SHARE * tracker.left())
-        if not tracker.closed():
-            window_search(problem, tables, options, tracker, tracker.deadline)
+    for phase in PHASES:
+        if tracker.best is None or tracker.closed() or tracker.left() <= 0:
+            return
+        if phase.applies(problem, options):
+            tracker.report(phase.name)
+            phase.run(problem, tables, options, tracker, time.monotonic() + phase.share * tracker.left())
 
 
-def relaxation_bounds(problem: Problem, options: SolveOptions, tracker: Tracker, until: float) -> None:
+def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     """Raise the bound with exact relaxations on sets of devices (single devices for the span)."""
     devicebound.device_subset_bound(
         problem,
@@ -154,3 +173,18 @@ def periodic_patterns(problem: Problem, tables: IntegerTables, options: SolveOpt
 
     for name, orders in periodic_orders(problem, tables, deadline=until, seed=options.seed, threads=options.threads, fits=fits):
         tracker.offer(simulate(problem, orders), name)
+
+
+# The steps of `auto` after the starting points, in order. Adding a model or a heuristic
+# is one module plus one line here.
+PHASES: tuple[Phase, ...] = (
+    # At p = 8, m = 16 under a tight limit the relaxations lift the makespan bound from
+    # 88.7 to 92.5 (optimum <= 94) in ~15 s, where the whole model proves nothing above
+    # 88.7 in minutes; under the span objective one device alone proves ZB-H1 optimal at
+    # 1F1B's memory on Zero Bubble's settings.
+    Phase("device relaxations (lower bound)", _relaxable, RELAXATION_SHARE, relaxation_bounds),
+    Phase("window search", _small, WINDOW_SHARE_SMALL, window_search),
+    Phase("whole CP-SAT model", _small, 1.0, whole_model),
+    Phase("periodic steady state", _large, PERIODIC_SHARE, periodic_patterns),
+    Phase("window search", _large, 1.0, window_search),
+)
