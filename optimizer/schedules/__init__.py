@@ -11,8 +11,10 @@ from optimizer.schedules import (
     greedy,
     interleaved,
     one_f_one_b,
+    v_auto,
     v_half,
     v_min,
+    zb_auto,
     zb_h1,
     zb_h2,
     zb_v,
@@ -23,7 +25,7 @@ from optimizer.simulate import simulate
 # Each family module exposes GENERATOR; the order here is the order `compare` prints.
 GENERATORS: dict[str, Generator] = {
     module.GENERATOR.name: module.GENERATOR
-    for module in (gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v, v_half, v_min, dualpipe_v, greedy)
+    for module in (gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_auto, zb_v, v_half, v_min, v_auto, dualpipe_v, greedy)
 }
 
 
