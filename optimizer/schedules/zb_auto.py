@@ -79,6 +79,7 @@ class _Build:
         self.idle = [0.0] * p  # idle time after the first op
         self.end: dict[tuple[str, int, int], float] = {}
         self.orders: Orders = [[] for _ in range(p)]
+        self.consulted: set[str] = set()  # knobs whose value changed a decision of this run
 
     # -- placing ops -------------------------------------------------------------------
 
@@ -126,6 +127,8 @@ class _Build:
             self.put(stage, "W")
         if self.pending_w(stage) and self.free_at[stage] < arrival:
             within_allowance = arrival - self.free_at[stage] <= max(self.idle) - self.idle[stage]
+            if within_allowance:
+                self.consulted.add("fill_short_gaps")
             if not within_allowance or self.knobs.fill_short_gaps:
                 self.put(stage, "W")
 
@@ -141,6 +144,8 @@ class _Build:
             clock, used, f = self.free_at[stage], self.used[stage], self.cost["F"][stage]
             arrival = back + self.comm
             while 1 + extra[stage] < m and used + self.mem["F"][stage] <= self.limit[stage]:
+                if clock < arrival < clock + f:
+                    self.consulted.add("bubble_before_first_b")
                 if (clock + f > arrival) if self.knobs.bubble_before_first_b else (clock >= arrival):
                     break
                 clock, used, extra[stage] = clock + f, used + self.mem["F"][stage], extra[stage] + 1
@@ -158,7 +163,10 @@ class _Build:
 
     def wants_forward(self, stage: int) -> bool:
         done_f = self.done["F"]
-        if not (self.knobs.skip_forward and stage + 1 < self.p and done_f[stage] >= done_f[stage + 1] + 2):
+        if not (stage + 1 < self.p and done_f[stage] >= done_f[stage + 1] + 2):
+            return True
+        self.consulted.add("skip_forward")
+        if not self.knobs.skip_forward:
             return True
         nxt = stage + 1
         back_due = self.free_at[nxt] + self.cost["F"][nxt] + self.cost["B"][nxt] + self.comm
@@ -213,9 +221,15 @@ class _Build:
 
 def zb_auto(problem: Problem) -> Orders:
     best: tuple[float, Orders] | None = None
+    runs: list[tuple[Knobs, set[str]]] = []
     for knobs in GRID:
+        # A run is determined by the knobs it consulted: a setting that agrees with an
+        # earlier run on all of them would repeat it.
+        if any(all(getattr(knobs, k) == getattr(done, k) for k in consulted) for done, consulted in runs):
+            continue
         build = _Build(problem, knobs)
         orders = build.run()
+        runs.append((knobs, build.consulted))
         span = build.longest_span()
         if best is None or span < best[0]:
             best = (span, orders)
