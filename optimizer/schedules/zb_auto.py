@@ -89,6 +89,7 @@ class _Build:
         self.first_start = [0.0] * p
         self.used = [0.0] * p
         self.idle = [0.0] * p  # idle time after the first op
+        self.worst_idle = 0.0  # max(self.idle): idle times only grow
         self.end: dict[tuple[str, int, int], float] = {}
         self.orders: Orders = [[] for _ in range(p)]
         self.consulted: set[str] = set()  # knobs whose value changed a decision of this run
@@ -101,8 +102,9 @@ class _Build:
         start = self.free_at[stage]
         ready = self.ready_time(stage, kind, mb)
         if ready is not None:
-            if self.orders[stage]:
-                self.idle[stage] += max(0.0, ready - start)
+            if self.orders[stage] and ready > start:
+                self.idle[stage] += ready - start
+                self.worst_idle = max(self.worst_idle, self.idle[stage])
             start = max(start, ready)
         if not self.orders[stage]:
             self.first_start[stage] = start
@@ -138,7 +140,7 @@ class _Build:
         while self.pending_w(stage) and self.free_at[stage] + w <= arrival:
             self.put(stage, "W")
         if self.pending_w(stage) and self.free_at[stage] < arrival:
-            within_allowance = arrival - self.free_at[stage] <= max(self.idle) - self.idle[stage]
+            within_allowance = arrival - self.free_at[stage] <= self.worst_idle - self.idle[stage]
             if within_allowance:
                 self.consulted.add("fill_short_gaps")
             if not within_allowance or self.knobs.fill_short_gaps:
@@ -191,7 +193,7 @@ class _Build:
             count += 1
         if self.free_at[stage] + self.cost["F"][stage] + w_cost <= back_due:
             return True
-        return back_due - self.free_at[stage] > max(self.idle) - self.idle[stage]
+        return back_due - self.free_at[stage] > self.worst_idle - self.idle[stage]
 
     def steady_round(self, i: int) -> None:
         p, m, done_f = self.p, self.m, self.done["F"]
