@@ -54,7 +54,7 @@ _BLOCKS_BUILT_SMALL, _BLOCKS_BUILT_LARGE = 6, 2
 class Block:
     """Slot offsets [F0, F1, B1, B0] per device and the block's estimated peak per device."""
 
-    offsets: tuple[tuple[int, int, int, int], ...]
+    offsets: tuple[tuple[int, ...], ...]
     peak: tuple[float, ...]
 
 
