@@ -137,16 +137,15 @@ def v_auto(problem: Problem) -> Orders:
 
     zb_v_schedule = consider(zb_v(problem))
     zb_v_fits = zb_v_schedule is not None and zb_v_schedule.fits_memory()
-    blocks = [b for b in candidate_blocks(problem) if _fits(problem, b.peak)]
-    known = {tuple(tuple(r) for r in rows) for rows in (v_min_offsets(p), v_half_offsets(p))}
-    # Where ZB-V fits, the other blocks (all below V-Half's memory or just above) do not
-    # come near it; V-Min's and V-Half's own blocks still run, so the result is never
-    # worse than theirs.
+    # V-Min's and V-Half's blocks are always built (the slot-model peak only estimates the
+    # real one), so the result is never worse than theirs where they fit. Where ZB-V fits,
+    # the generalised blocks (below V-Half's memory or just above) do not come near it.
+    known = [tuple(tuple(r) for r in rows) for rows in (v_min_offsets(p), v_half_offsets(p))]
+    blocks = [] if zb_v_fits else [b for b in candidate_blocks(problem) if _fits(problem, b.peak)]
     budget = 0 if zb_v_fits else _BLOCKS_BUILT_LARGE if 6 * p * m > _MANY_OPS else _BLOCKS_BUILT_SMALL
-    ranked = sorted(blocks, key=lambda b: -max(b.peak))
-    chosen = ranked[:budget] + [b for b in ranked[budget:] if b.offsets in known]
-    for block in chosen:
-        consider(building_block_orders([list(r) for r in block.offsets], m))
+    ranked = [b.offsets for b in sorted(blocks, key=lambda b: -max(b.peak)) if b.offsets not in known]
+    for offsets in ranked[:budget] + known:
+        consider(building_block_orders([list(r) for r in offsets], m))
     # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
     # the fallback that fits whenever any schedule can; at tighter limits the blocks
     # beat it by far, so it does not run there.
