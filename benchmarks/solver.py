@@ -17,7 +17,17 @@ Each case gets `--time-limit` seconds (60 by default). The default run takes a f
 sample of 12 cases (about 13 minutes); `--full` runs all 192. Results go to
 benchmarks/results/solver.json and solver.md.
 
+`--suite published` runs the Zero Bubble paper's 12 profiled settings instead
+(benchmarks/published.py): linear placement at limits p and 2p microbatch activations
+(the paper's ZB-1p and ZB-2p, whose published bubble rates are listed), and the V
+placement (the same work in 2p half-size chunks) at V-Min's level (p+4)//3, V-Half's
+(p+2)//2, p and 2p. Per case: `zb-auto` / `v-auto`, the best other family that fits, and
+`auto` with the paper's objective (longest device span) at each of `--time-limits`
+(5 and 60 s by default), its lower bound, gap and the phase that won. Results go to
+benchmarks/results/published.json and published.md.
+
     python benchmarks/solver.py [--full] [--time-limit 60] [--only TEXT]
+    python benchmarks/solver.py --suite published [--time-limits 5,60] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -32,8 +42,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.published import SETTINGS, Setting, published_problem
 from optimizer.exact import SolveOptions, solve
-from optimizer.exact.incumbents import generator_candidates
+from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.problem import Problem, placement_devices
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -174,6 +185,141 @@ def markdown(results: list[dict], time_limit: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- The published suite: the Zero Bubble paper's settings ------------------------------
+
+
+@dataclass(frozen=True)
+class PublishedCase:
+    setting: Setting
+    placement: str  # "linear" | "vshape"
+    level: str  # "vmin" | "vhalf" | "p" | "2p"
+
+    @property
+    def name(self) -> str:
+        return f"{self.setting.name}-{self.placement}-mem{self.level}"
+
+    def limit(self) -> float:
+        p = self.setting.p
+        return float({"vmin": (p + 4) // 3, "vhalf": (p + 2) // 2, "p": p, "2p": 2 * p}[self.level])
+
+    @property
+    def published(self) -> float | None:
+        """The paper's bubble rate (ZB-1p at limit p, ZB-2p at 2p; linear placement only)."""
+        if self.placement != "linear":
+            return None
+        return self.setting.zb_1p if self.level == "p" else self.setting.zb_2p
+
+    @property
+    def ours(self) -> str:
+        return "zb-auto" if self.placement == "linear" else "v-auto"
+
+
+def published_cases() -> list[PublishedCase]:
+    linear = [PublishedCase(s, "linear", level) for s in SETTINGS for level in ("p", "2p")]
+    vshape = [PublishedCase(s, "vshape", level) for s in SETTINGS for level in ("vmin", "vhalf", "p", "2p")]
+    return linear + vshape
+
+
+def run_published_case(case: PublishedCase, time_limits: list[float], seed: int) -> dict:
+    problem = published_problem(case.setting, case.limit(), case.placement)
+    began = time.monotonic()
+    candidates, failed = generator_candidates(problem)
+    generator_seconds = time.monotonic() - began
+    rows = {
+        c.name: {"bubble": c.schedule.metrics.bubble_ratio, "span": objective_value(c.schedule, "span"), "fits": c.fits} for c in candidates
+    }
+    others = [c for c in candidates if c.fits and c.name != case.ours]
+    best_other = min(others, key=lambda c: objective_value(c.schedule, "span"), default=None)
+    runs = []
+    for limit in time_limits:
+        began = time.monotonic()
+        schedule = solve(problem, "auto", SolveOptions(time_limit=limit, seed=seed, threads=2, objective="span"))
+        m = schedule.metrics
+        runs.append(
+            {
+                "time_limit": limit,
+                "bubble": m.bubble_ratio,
+                "span": objective_value(schedule, "span"),
+                "lower_bound": m.lower_bound,
+                "gap": m.gap,
+                "status": m.status,
+                "method_won": m.method_won,
+                "seconds": round(time.monotonic() - began, 2),
+                "peak_memory": max(m.peak_memory),
+            }
+        )
+    return {
+        "case": case.name,
+        "model": case.setting.model,
+        "p": case.setting.p,
+        "m": case.setting.m,
+        "placement": case.placement,
+        "level": case.level,
+        "memory_limit": case.limit(),
+        "published": case.published,
+        "ours": {"name": case.ours, **rows.get(case.ours, {"error": failed.get(case.ours, "missing")})},
+        "best_other": None if best_other is None else {"name": best_other.name, **rows[best_other.name]},
+        "generators": rows,
+        "generator_errors": failed,
+        "generator_seconds": round(generator_seconds, 2),
+        "auto": runs,
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2%}"
+
+
+def published_markdown(results: list[dict], time_limits: list[float]) -> str:
+    limits = ", ".join(f"{t:g}" for t in time_limits)
+    auto_headers = " | ".join(f"auto {t:g} s" for t in time_limits)
+    lines = [
+        f"`auto` at {limits} s per case (objective: longest device span, the paper's), seed 0, 2 workers, on "
+        f"{platform.machine()} ({_cores()} cores). Bubble: Zero Bubble convention. Published: the paper's Table 5 "
+        "(ZB-1p at limit p, ZB-2p at 2p). Limit in microbatch activations per device (M_B). Lower bound and gap "
+        "(of the span) from the longest run.",
+        "",
+        f"| case | limit | published | zb-auto / v-auto | best other family | {auto_headers} | lower bound | gap | won by |",
+        "|---|---:|---:|---:|---|" + "---:|" * len(time_limits) + "---:|---:|---|",
+    ]
+    for r in results:
+        ours = r["ours"]
+        ours_text = _pct(ours.get("bubble")) + ("" if ours.get("fits", False) else " ✗")
+        other = r["best_other"]
+        other_text = "none fits" if other is None else f"{other['name']} {other['bubble']:.2%}"
+        autos = " | ".join(_pct(run["bubble"]) for run in r["auto"])
+        last = r["auto"][-1]
+        lines.append(
+            f"| {r['case']} | {r['memory_limit']:g} | {_pct(r['published'])} | {ours_text} | {other_text} | {autos} | "
+            f"{last['lower_bound']:.4g} | {_pct(last['gap'])} | {last['method_won']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main_published(args: argparse.Namespace) -> None:
+    time_limits = [float(t) for t in args.time_limits.split(",") if t.strip()]
+    cases = [c for c in published_cases() if args.only in c.name]
+    output = args.output or RESULTS / "published.json"
+    results = []
+    for case in cases:
+        result = run_published_case(case, time_limits, args.seed)
+        results.append(result)
+        ours = result["ours"]
+        autos = " ".join(f"auto@{run['time_limit']:g}s {run['bubble']:.2%} ({run['method_won']})" for run in result["auto"])
+        print(
+            f"{case.name:32s} published {_pct(result['published']):>7s} {ours['name']} {_pct(ours.get('bubble')):>7s} {autos} "
+            f"gap {_pct(result['auto'][-1]['gap'])}",
+            flush=True,
+        )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"suite": "published", "time_limits": time_limits, "seed": args.seed, "only": args.only, "results": results}
+    output.write_text(json.dumps(payload, indent=1) + "\n")
+    table = published_markdown(results, time_limits)
+    output.with_suffix(".md").write_text(table)
+    print()
+    print(table)
+
+
 def _cores() -> int:
     import os
 
@@ -182,12 +328,20 @@ def _cores() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--suite", choices=("grid", "published"), default="grid", help="the grid (default) or the Zero Bubble paper's settings"
+    )
     parser.add_argument("--full", action="store_true", help="run the whole grid (192 cases) instead of the sample")
-    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per case")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per case (grid suite)")
+    parser.add_argument("--time-limits", default="5,60", help="comma-separated seconds per auto run (published suite)")
     parser.add_argument("--only", default="", help="run only cases whose name contains this text")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=RESULTS / "solver.json")
+    parser.add_argument("--output", type=Path, default=None, help="results JSON (default: results/solver.json or published.json)")
     args = parser.parse_args()
+    if args.suite == "published":
+        main_published(args)
+        return
+    args.output = args.output or RESULTS / "solver.json"
 
     cases = [c for c in (full_grid() if args.full else SAMPLE) if args.only in c.name]
     results = []

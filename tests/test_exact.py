@@ -174,7 +174,9 @@ def test_auto_beats_the_known_schedules_on_uneven_stages():
         }
     )
     generators, _ = generator_candidates(problem)
-    best_known = min(c.schedule.makespan for c in generators if c.fits and c.name != "greedy")
+    # Against the hand-made families: the searched ones (greedy, zb-auto) are starting points
+    # too, and zb-auto meets the bound here (38.49, proven optimal), so nothing beats it.
+    best_known = min(c.schedule.makespan for c in generators if c.fits and c.name not in ("greedy", "zb-auto"))
     schedule = solve(problem, "auto", SolveOptions(time_limit=5))
     assert schedule.makespan < best_known * (1 - 1e-3)
 

@@ -200,10 +200,12 @@ PLACEMENT_OF = {
     "1f1b": "linear",
     "zb-h1": "linear",
     "zb-h2": "linear",
+    "zb-auto": "linear",
     "interleaved-1f1b": "interleaved:2",
     "zb-v": "vshape",
     "v-half": "vshape",
     "v-min": "vshape",
+    "v-auto": "vshape",
     "dualpipe-v": "vshape",
     "greedy": "interleaved:3",
 }

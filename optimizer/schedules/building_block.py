@@ -85,8 +85,12 @@ class _Timeline:
         old = self.times[kind][index]
         self.cells[old], self.cells[new] = None, kind
         self.times[kind][index] = new
-        start = self.states[new - 1] if new > 0 else (0, 0)
-        self.states[new:] = self._walk(new, start, None)
+        state = self.states[new - 1] if new > 0 else (0, 0)
+        for t in range(new, len(self.cells)):
+            state = self._step(self.cells[t], state)
+            if t >= old and state == self.states[t]:
+                break  # the walk has rejoined the cached one; the rest is unchanged
+            self.states[t] = state
 
 
 def _put_w(times: dict[int, list[int]], split: bool) -> dict[int, list[int]]:

@@ -1,0 +1,172 @@
+"""Automatic scheduling on the V placement for any memory limit (after Qi et al. 2024,
+"Pipeline Parallelism with Controllable Memory", NeurIPS, sections 3-4, and the ZB-V
+schedule of "Zero Bubble Pipeline Parallelism", section 6).
+
+The controllable-memory paper's point is that a building block's lifespan sets the peak
+memory and fewer idle slots come with a longer lifespan. V-Min and V-Half are two points
+of a family of blocks; this module searches that family for the block that best fits the
+problem's limit, and keeps the best of:
+
+* generalised building blocks: for device i, F of chunk 0 at a·i, F of chunk 1 after the
+  turn at a(p-1) + e + (p-1-i), B of chunk 1 at that plus 1 + d + b·i, B of chunk 0
+  after a turn gap g, falling back one slot per device (a, b: slopes 1 to 3; d: the delay
+  at the bottom of the V; e, g: the turns). V-Min is (1, 1, d, 1, 1) and V-Half
+  (2, 2, d, 2, 1). Blocks whose four ops collide modulo the 6-slot period are skipped;
+  the others are ranked by their peak memory in the slot model (W's filling free slots,
+  the problem's own memory deltas), and the largest that fit the limit are built with
+  the shared squeezing of `building_block` and simulated;
+* ZB-V's handcrafted order, when it fits;
+* the memory-aware list scheduler (`greedy`), which uses spare memory for a deeper
+  warm-up at limits above ZB-V's and always finds an order that fits when any does.
+
+Every candidate is simulated with the real times; the shortest longest-device span among
+those within the limit wins (the Zero Bubble objective). V-Min's, V-Half's and ZB-V's
+blocks are always among the candidates when they fit, so the result is never worse than
+theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from optimizer.errors import DeadlockError, InfeasibleError
+from optimizer.problem import Problem
+from optimizer.schedule import Schedule
+from optimizer.schedules.building_block import building_block_orders
+from optimizer.schedules.greedy import greedy
+from optimizer.schedules.registry import Generator, Orders
+from optimizer.schedules.support import vshape_only
+from optimizer.schedules.v_half import v_half_offsets
+from optimizer.schedules.v_min import v_min_offsets
+from optimizer.schedules.zb_v import zb_v
+from optimizer.simulate import simulate
+
+_PERIOD = 6
+_REL_TOLERANCE = 1e-9
+# Squeezing a block costs about a second at p = 32, m = 128; above this many ops only the
+# best-ranked blocks are built.
+_MANY_OPS = 10_000
+_BLOCKS_BUILT_SMALL, _BLOCKS_BUILT_LARGE = 6, 2
+
+
+@dataclass(frozen=True)
+class Block:
+    """Slot offsets [F0, F1, B1, B0] per device and the block's estimated peak per device."""
+
+    offsets: tuple[tuple[int, ...], ...]
+    peak: tuple[float, ...]
+
+
+def block_offsets(p: int, a: int, b: int, d: int, g: int, e: int) -> list[list[int]]:
+    f1_bottom = a * (p - 1) + e + (p - 1)  # F of chunk 1 on device 0: the bottom of the V
+    b1_top = f1_bottom + 1 + d + b * (p - 1)
+    return [[a * i, a * (p - 1) + e + (p - 1 - i), f1_bottom + 1 + d + b * i, b1_top + g + (p - 1 - i)] for i in range(p)]
+
+
+def slot_model_peak(problem: Problem, offsets: list[list[int]], m: int) -> list[float]:
+    """Per device, the block's peak memory before squeezing: ops at their slots, each free
+    slot running the oldest pending W (squeezing never raises this peak)."""
+    tables, p = problem.tables(), problem.num_devices
+    peaks = []
+    for i, row in enumerate(offsets):
+        chunk = (i, 2 * p - 1 - i)
+        at: dict[int, tuple[str, int]] = {}
+        for kind, stage, start in zip("FFBB", (chunk[0], chunk[1], chunk[1], chunk[0]), row):
+            for j in range(m):
+                at[start + _PERIOD * j] = (kind, stage)
+        usage = peak = 0.0
+        pending: list[int] = []
+        slot, end, head = 0, max(at) + 1, 0
+        while slot < end or head < len(pending):
+            op = at.get(slot)
+            if op is None:
+                if head < len(pending):
+                    usage += tables.mem_backward_weight[pending[head]]
+                    head += 1
+            elif op[0] == "F":
+                usage += tables.mem_forward[op[1]]
+            else:
+                usage += tables.mem_backward_input[op[1]]
+                pending.append(op[1])
+            peak = max(peak, usage)
+            slot += 1
+        peaks.append(peak)
+    return peaks
+
+
+def candidate_blocks(problem: Problem) -> list[Block]:
+    """Collision-free blocks of the family, with V-Min's and V-Half's own offsets, by peak."""
+    p, m = problem.num_devices, problem.num_microbatches
+    m_est = min(m, 2 * p + 2)  # the peak is reached once lifespans overlap fully
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+    blocks = []
+    families = [v_min_offsets(p), v_half_offsets(p)]
+    families += [block_offsets(p, *k) for k in product((1, 2, 3), (1, 2, 3), range(_PERIOD), (1, 2, 3), (1, 2, 3))]
+    for rows in families:
+        key = tuple(tuple(r) for r in rows)
+        if key in seen or any(len({x % _PERIOD for x in r}) < 4 for r in rows):
+            continue
+        seen.add(key)
+        blocks.append(Block(key, tuple(slot_model_peak(problem, rows, m_est))))
+    return blocks
+
+
+def _fits(problem: Problem, peaks: tuple[float, ...] | list[float]) -> bool:
+    limits = problem.tables().limit
+    return all(peak <= limit + _REL_TOLERANCE * max(1.0, limit) for peak, limit in zip(peaks, limits))
+
+
+def _span(schedule: Schedule) -> float:
+    return max(ops[-1].end - ops[0].start for ops in schedule.devices if ops)
+
+
+def v_auto(problem: Problem) -> Orders:
+    p, m = problem.num_devices, problem.num_microbatches
+    best: tuple[float, Orders] | None = None
+
+    def consider(orders: Orders) -> Schedule | None:
+        nonlocal best
+        try:
+            schedule = simulate(problem, orders)
+        except DeadlockError:
+            return None
+        if schedule.fits_memory() and (best is None or _span(schedule) < best[0]):
+            best = (_span(schedule), orders)
+        return schedule
+
+    zb_v_schedule = consider(zb_v(problem))
+    zb_v_fits = zb_v_schedule is not None and zb_v_schedule.fits_memory()
+    # V-Min's and V-Half's blocks are always built (the slot-model peak only estimates the
+    # real one), so the result is never worse than theirs where they fit. Where ZB-V fits,
+    # the generalised blocks (below V-Half's memory or just above) do not come near it.
+    known = [tuple(tuple(r) for r in rows) for rows in (v_min_offsets(p), v_half_offsets(p))]
+    blocks = [] if zb_v_fits else [b for b in candidate_blocks(problem) if _fits(problem, b.peak)]
+    budget = 0 if zb_v_fits else _BLOCKS_BUILT_LARGE if 6 * p * m > _MANY_OPS else _BLOCKS_BUILT_SMALL
+    ranked = [b.offsets for b in sorted(blocks, key=lambda b: -max(b.peak)) if b.offsets not in known]
+    for offsets in ranked[:budget] + known:
+        consider(building_block_orders([list(r) for r in offsets], m))
+    # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
+    # the fallback that fits whenever any schedule can; at tighter limits the blocks
+    # beat it by far, so it does not run there.
+    limits = problem.tables().limit
+    above_zb_v = zb_v_schedule is not None and any(
+        limit > peak * (1 + _REL_TOLERANCE) for limit, peak in zip(limits, zb_v_schedule.metrics.peak_memory)
+    )
+    if best is None or above_zb_v:
+        try:
+            consider(greedy(problem))
+        except InfeasibleError:
+            if best is None:
+                raise
+    if best is None:
+        raise InfeasibleError("v-auto: no V-shape schedule fits the memory limit")
+    return best[1]
+
+
+GENERATOR = Generator(
+    "v-auto",
+    "Automatic V-shape schedule for the memory limit: building blocks searched between V-Min and ZB-V, list scheduler",
+    v_auto,
+    vshape_only,
+)
