@@ -129,6 +129,22 @@ def timed_for(problem: Problem, orders: Sequence[Sequence[Op]], objective: str, 
     return simulate(problem, orders, method)
 
 
+def affordable(problem: Problem) -> bool:
+    """Whether timing an order for the span is cheap enough to do for every candidate.
+
+    The longest paths cost ops x devices vector steps: about 1 s at p = 32, m = 256 on
+    the V placement, too slow for every starting point of a short solve; larger problems
+    time only the final schedule this way.
+    """
+    ops = 3 * problem.num_stages * problem.num_microbatches
+    return ops * problem.num_devices <= AFFORDABLE_STEPS
+
+
+# Ops x devices of the largest problem whose candidates are all timed for the span
+# (p = 16, m = 128 linear: 6144 ops x 16 devices, about 0.1 s each).
+AFFORDABLE_STEPS = 100_000
+
+
 def retimed_for(schedule: Schedule, objective: str) -> Schedule:
     """`schedule`'s order timed for the objective (unchanged for makespan)."""
     if objective != "span":

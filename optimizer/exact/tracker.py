@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.options import Progress, ProgressCallback
-from optimizer.exact.spantiming import retimed_for
+from optimizer.exact.spantiming import affordable, retimed_for
 from optimizer.schedule import Schedule
 
 # Two makespans closer than this (relative) are the same: they come from float sums.
@@ -47,10 +47,13 @@ class Tracker:
 
         Under the span objective the order is first timed for the least longest span
         (optimizer.exact.spantiming): as-soon-as-possible times can make a device wait.
+        Where that is too slow for every candidate (spantiming.affordable), candidates
+        are compared by their as-soon-as-possible span and only the result is retimed.
         """
         if not schedule.fits_memory():
             return False
-        schedule = retimed_for(schedule, self.objective)
+        if affordable(schedule.problem):
+            schedule = retimed_for(schedule, self.objective)
         value = objective_value(schedule, self.objective)
         if value >= self.best_value * (1 - SAME):
             return False
@@ -78,7 +81,11 @@ class Tracker:
         """The best schedule with its metrics filled in, named after the requested method."""
         if self.best is None:
             return None
-        schedule = Schedule(self.best.problem, method, self.best.devices)
+        best = self.best
+        if not affordable(best.problem):  # offers were compared as soon as possible
+            best = retimed_for(best, self.objective)
+            self.best_value = min(self.best_value, objective_value(best, self.objective))
+        schedule = Schedule(best.problem, method, best.devices)
         closed = self.closed()
         bound = self.best_value if closed else min(self.bound, self.best_value)
         metrics = schedule.metrics
