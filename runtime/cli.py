@@ -46,6 +46,9 @@ def run(
     backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
     timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
+    engine: str = typer.Option(
+        "pipesched", "--engine", help="pipesched (our executor) or torch (torch.distributed.pipelining's runtime, fed the exported CSV)."
+    ),
 ) -> None:
     """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
     _start_rank_server()
@@ -53,24 +56,37 @@ def run(
     from runtime.launch import launch, run_here, under_torchrun
     from runtime.models import load_model
     from runtime.plan import build_plans
-    from runtime.worker import CheckError, RunJob
+    from runtime.worker import CheckError
 
     _check_options(timeout, backend)
     schedule = load_schedule(schedule_file, check=False)
     world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else schedule.problem.num_devices
     build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank
-    load_model(model, schedule.problem.num_stages)  # a bad model name fails here, once
-    job = RunJob(schedule.to_json(), str(schedule_file), model, steps=steps, check=check, timeout_s=timeout)
+    load_model(model, schedule.problem.num_stages, schedule.problem)  # a bad model name fails here, once
+    job = run_job(engine, schedule.to_json(), str(schedule_file), model, steps=steps, check=check, timeout_s=timeout)
     summary = run_here(job, backend, threads) if under_torchrun() else launch(job, world_size, backend, threads)
     if summary is None:  # a rank other than 0 under torchrun
         return
-    summary["backend"] = backend
+    summary["backend"] = backend if engine == "pipesched" else f"{backend}, torch runtime"
     if as_json:
         print(json.dumps(summary))
     else:
         _print_run(summary)
     if check and not summary["check"]["passed"]:
         raise CheckError(f"check failed: {summary['check']['first_mismatch']}")
+
+
+def run_job(engine: str, *args, **kwargs):
+    """The per-rank job of `run` for the chosen engine."""
+    from runtime.worker import RunJob
+
+    if engine == "pipesched":
+        return RunJob(*args, **kwargs)
+    if engine == "torch":
+        from runtime.torch_engine import TorchRunJob
+
+        return TorchRunJob(*args, **kwargs)
+    raise InputError(f"engine: '{engine}' is not one of pipesched, torch")
 
 
 def _print_run(summary: dict) -> None:

@@ -45,6 +45,18 @@ def hetero_problem(p: int, m: int, placement: str = "linear", limit: float | Non
     return validate_model(Problem, data, "problem")
 
 
+def unusual_placements(p: int) -> dict[str, list[int]]:
+    """Placements neither looped nor V: two neighbouring stages per device, and the
+    first stage on the last device."""
+    return {"blocked": [d for d in range(p) for _ in range(2)], "reversed": [p - 1 - s for s in range(p)]}
+
+
+def placed_problem(p: int, m: int, devices: list[int]) -> Problem:
+    data = uniform_problem(p, m).model_dump(mode="json")
+    data["stages"] = [{**data["stages"][0], "device": d} for d in devices]
+    return validate_model(Problem, data, "problem")
+
+
 def load_in_torch(path, problem: Problem):
     """torch's runtime loading the CSV as a user would (stand-in stages carry the counts)."""
     stage = types.SimpleNamespace(num_stages=problem.num_stages, group_size=problem.num_devices, group_rank=0, submod=None)
@@ -73,6 +85,14 @@ def test_every_family_exports_to_a_csv_torch_loads_and_validates(family, placeme
     back, imported = torch_csv.import_schedule(torch_csv.export_csv(schedule), schedule.problem)
     assert back.order() == schedule.order() and back.makespan == schedule.makespan
     assert imported.overlapped_pairs == 0
+
+
+@pytest.mark.parametrize("placement", ["blocked", "reversed"])
+def test_unusual_placements_keep_their_stage_to_rank_mapping(placement, tmp_path):
+    problem = placed_problem(4, 8, unusual_placements(4)[placement])
+    schedule = generate(problem, "greedy")
+    assert_torch_accepts(schedule, tmp_path)  # the mapping torch infers is the problem's
+    assert torch_csv.torchtitan_layout(problem) is None
 
 
 def test_family_cases_cover_every_family():
