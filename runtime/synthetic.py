@@ -9,7 +9,7 @@ Real work still flows: a small tensor (`batch_size` x `width` per microbatch) pa
 between stages, each stage computes tanh(x + weight) with a real weight and gradient
 (so `--check` compares real gradients), and the loss is the mean squared error to
 random targets. Memory is held as real tensors of the problem's sizes (`mib_per_unit`
-MiB per memory unit): F allocates the stage's `memory.forward`; when B ends, the part B
+MiB per memory unit; allocated, not written): F allocates the stage's `memory.forward`; when B ends, the part B
 frees (-`memory.backward_input`) is released, or B's extra (+) allocated; W releases
 the rest. A ledger per stage counts the bytes held, for tests and benchmarks.
 
@@ -64,7 +64,9 @@ class Ledger:
         if nbytes <= 0:
             return None
         self.bytes += nbytes
-        return torch.ones(nbytes, dtype=torch.uint8)  # ones, not empty: the pages are touched
+        # Not filled: writing every page costs milliseconds per MiB on a loaded CPU, which
+        # would add to the op's time; the operating system commits the pages when touched.
+        return torch.empty(nbytes, dtype=torch.uint8)
 
     def release(self, tensor: torch.Tensor | None) -> None:
         if tensor is not None:
