@@ -411,18 +411,21 @@ def torch_comparison_rows(problem: Problem) -> list[dict]:
 @user_errors
 def export(
     schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to export."),
-    format_name: str = typer.Option("torch-csv", "--format", help="torch-csv: torch.distributed.pipelining's per-rank action CSV."),
+    format_name: str = typer.Option(
+        "torch-csv", "--format", help="torch-csv (torch.distributed.pipelining, torchtitan), schedule-json, chrome-trace, svg or html."
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="File to write."),
 ) -> None:
-    """Write a schedule in another tool's format: torch-csv runs in torch's _PipelineScheduleRuntime and torchtitan."""
-    from optimizer.errors import InputError
-    from optimizer.formats import torch_csv
+    """Write a schedule in a named format: torch-csv runs in torch's _PipelineScheduleRuntime and torchtitan."""
+    from optimizer.formats import get_format, torch_csv
     from optimizer.io import write_text_atomic
 
-    if format_name != torch_csv.NAME:
-        raise InputError(f"format: '{format_name}' is not one of {torch_csv.NAME}")
+    chosen = get_format(format_name)
     schedule = load_schedule(schedule_file)
-    write_text_atomic(output, torch_csv.export_csv(schedule))
+    write_text_atomic(output, chosen.write(schedule))
+    if chosen.name != torch_csv.NAME:
+        print(f"wrote {output}: {chosen.summary}")
+        return
     problem = schedule.problem
     count = sum(len(device) for device in schedule.devices)
     print(

@@ -56,51 +56,72 @@ def load_runtime(schedule, stages: list, loss_fn):
     return runtime
 
 
-def run_torch_rank(job: TorchRunJob, rank: int, world_size: int, device: torch.device) -> dict | None:
-    from torch.distributed.pipelining import PipelineStage
+class TorchSession:
+    """One rank's stages of a model on torch's runtime, loaded from the schedule's CSV."""
 
+    def __init__(self, schedule, model_name: str, rank: int, world_size: int, device: torch.device, source: str = "schedule"):
+        from torch.distributed.pipelining import PipelineStage
+
+        from runtime.models import load_model
+        from runtime.plan import build_plans
+
+        self.schedule = schedule
+        self.plan = build_plans(schedule, world_size, source)[rank]  # the executor's refusals, word for word
+        self.model = load_model(model_name, self.plan.num_stages, schedule.problem)
+        self.device = device
+        self.modules = {s: self.model.stages[s].to(device) for s in self.plan.stages}
+        stages = [PipelineStage(self.modules[s], s, self.plan.num_stages, device) for s in self.plan.stages]
+        self.runtime = load_runtime(schedule, stages, self.model.loss_fn)
+        params = [p for module in self.modules.values() for p in module.parameters()]
+        self.optimizer = torch.optim.AdamW(params, lr=1e-3) if params else None
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.make_batch(step, self.plan.num_microbatches)
+
+    def step(self, step: int) -> tuple[float, float | None]:
+        """One timed step (no optimizer update; see `update`): seconds, and the loss on
+        the rank holding the last stage."""
+        inputs, targets = self.batch(step)
+        first, last = 0 in self.modules, self.plan.num_stages - 1 in self.modules
+        args = (inputs.to(self.device),) if first else ()
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": targets.to(self.device), "losses": losses} if last else {}
+        dist.barrier()  # start together, as the executor does
+        start = time.perf_counter()
+        self.runtime.step(*args, return_outputs=False, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        return seconds, float(torch.stack([x.detach() for x in losses]).mean()) if last else None
+
+    def update(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+        for module in self.modules.values():
+            module.zero_grad(set_to_none=True)
+
+
+def run_torch_rank(job: TorchRunJob, rank: int, world_size: int, device: torch.device) -> dict | None:
     from runtime.check import compare_gradients, loss_matches, reference_step
     from runtime.models import load_model
-    from runtime.plan import build_plans
     from runtime.worker import summarize
 
     schedule = schedule_from_json(job.schedule, job.source, check=False)
-    plan = build_plans(schedule, world_size, job.source)[rank]  # the executor's refusals, word for word
-    m, num_stages = plan.num_microbatches, plan.num_stages
-    model = load_model(job.model, num_stages, schedule.problem)
-    modules = {s: model.stages[s].to(device) for s in plan.stages}
-    stages = [PipelineStage(modules[s], s, num_stages, device) for s in plan.stages]
-    runtime = load_runtime(schedule, stages, model.loss_fn)
-    params = [p for module in modules.values() for p in module.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=1e-3) if params else None
-    first, last = 0 in modules, num_stages - 1 in modules
-
+    session = TorchSession(schedule, job.model, rank, world_size, device, job.source)
     steps, check_report = [], None
     for step in range(job.steps):
-        inputs, targets = model.make_batch(step, m)
-        args = (inputs.to(device),) if first else ()
-        losses: list[torch.Tensor] = []
-        kwargs = {"target": targets.to(device), "losses": losses} if last else {}
-        dist.barrier()  # start together, as the executor does
-        start = time.perf_counter()
-        runtime.step(*args, return_outputs=False, **kwargs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - start
-        loss = float(torch.stack([x.detach() for x in losses]).mean()) if last else None
+        seconds, loss = session.step(step)
         steps.append((seconds, loss))
         if step == 0 and job.check:
-            reference = reference_step(load_model(job.model, num_stages, schedule.problem), inputs, targets)
-            mismatches, worst, count = compare_gradients(modules, reference)
+            inputs, targets = session.batch(0)
+            reference = reference_step(load_model(job.model, session.plan.num_stages, schedule.problem), inputs, targets)
+            mismatches, worst, count = compare_gradients(session.modules, reference)
             loss_ok = loss is None or loss_matches(loss, reference.loss)
             check_report = (mismatches, worst, count, loss_ok, loss, reference.loss)
-        if optimizer is not None:
-            optimizer.step()
-        for module in modules.values():
-            module.zero_grad(set_to_none=True)
+        session.update()
 
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, (steps, check_report))
     if rank != 0:
         return None
-    return {**summarize(job, schedule, plan.predicted_makespan, gathered), "engine": "torch"}
+    return {**summarize(job, schedule, session.plan.predicted_makespan, gathered), "engine": "torch"}

@@ -151,6 +151,22 @@ def cli(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
+def test_export_writes_every_registered_format(tmp_path):
+    from optimizer.formats import formats
+    from optimizer.schedule import load_schedule
+
+    schedule = generate(uniform_problem(2, 2), "1f1b")
+    save_schedule(schedule, tmp_path / "s.json")
+    for name, chosen in formats().items():
+        output = tmp_path / f"{name}{chosen.suffix}"
+        result = cli("export", tmp_path / "s.json", "--format", name, "--output", output)
+        assert result.exit_code == 0, result.output
+        assert output.read_text() == chosen.write(schedule)
+    assert load_schedule(tmp_path / "schedule-json.json").order() == schedule.order()  # reads back
+    assert "traceEvents" in json.loads((tmp_path / "chrome-trace.json").read_text())
+    assert (tmp_path / "svg.svg").read_text().startswith("<svg")
+
+
 def test_export_import_commands_and_their_errors(tmp_path):
     problem = uniform_problem(2, 4, memory_limit=2.0)
     save_schedule(generate(problem, "zb-h1"), tmp_path / "s.json")
@@ -163,7 +179,7 @@ def test_export_import_commands_and_their_errors(tmp_path):
     assert json.loads(result.stdout)["makespan"] == generate(problem, "zb-h1").makespan
 
     bad = cli("export", tmp_path / "s.json", "--format", "megatron", "--output", tmp_path / "x.csv")
-    assert bad.exit_code == 2 and "format: 'megatron' is not one of torch-csv" in bad.stderr
+    assert bad.exit_code == 2 and "format: 'megatron' is not one of torch-csv, schedule-json, chrome-trace, svg, html" in bad.stderr
     missing = cli("import", tmp_path / "none.csv", "--problem", tmp_path / "p.json", "--output", tmp_path / "x.json")
     assert missing.exit_code == 2 and "none.csv: no such file" in missing.stderr
     # 1F1B's order fits 2 activations per device here but not a limit of 1: exit 1, nothing written

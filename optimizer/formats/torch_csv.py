@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optimizer.errors import InputError
+from optimizer.formats import ScheduleFormat
 from optimizer.problem import Problem
 from optimizer.schedule import Op, Schedule, ScheduleError
 from optimizer.simulate import simulate
@@ -166,3 +167,6 @@ def import_schedule(text: str, problem: Problem, source: str = "schedule.csv", *
     if violations:
         raise ScheduleError(source, violations)
     return schedule, imported
+
+
+FORMAT = ScheduleFormat(NAME, "torch.distributed.pipelining's per-rank action CSV (torchtitan reads it too)", ".csv", export_csv)
