@@ -11,6 +11,10 @@ the same CSV, one step of each in turn (a burst of load elsewhere hits all alike
 
     python benchmarks/synthetic.py --devices 8
     python benchmarks/synthetic.py --devices 16 --base-ms 20
+    python benchmarks/synthetic.py --devices 4 --model example:layers=8,hidden=64   # engines only
+
+With a real model (`--model example...`) the problem's times are not the model's, so only
+the two engines are compared on identical orders (the predicted columns are left out).
 
 Prints a table and writes benchmarks/results/synthetic-p{devices}.json.
 """
@@ -34,6 +38,7 @@ class DepthJob:
     schedules: dict  # name -> schedule JSON
     warmup: int
     steps: int
+    model: str = "synthetic"
     timeout_s: float = 300.0
 
     def execute(self, rank, world_size, device):
@@ -46,10 +51,8 @@ class DepthJob:
         sessions = {}
         for name, data in self.schedules.items():
             schedule = schedule_from_json(data, name, check=False)
-            ours = open_session(
-                schedule, "synthetic", rank, world_size, device, self.timeout_s, source=name, model_problem=schedule.problem
-            )
-            sessions[name] = (ours, TorchSession(schedule, "synthetic", rank, world_size, device, name))
+            ours = open_session(schedule, self.model, rank, world_size, device, self.timeout_s, source=name, model_problem=schedule.problem)
+            sessions[name] = (ours, TorchSession(schedule, self.model, rank, world_size, device, name))
         times = {name: {"ours": [], "torch": []} for name in sessions}
         for step in range(self.warmup + self.steps):
             for name, (ours, theirs) in sessions.items():
@@ -103,11 +106,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--solve-seconds", type=float, default=20.0)
+    parser.add_argument("--model", default="synthetic", help="synthetic, or a real model to compare the engines only")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     p = args.devices
     m = args.microbatches or 2 * p
-    output = args.output or ROOT / "benchmarks" / "results" / f"synthetic-p{p}.json"
+    synthetic = args.model == "synthetic" or args.model.startswith("synthetic:")
+    stem = "synthetic" if synthetic else "engines-" + args.model.split(":")[0]
+    output = args.output or ROOT / "benchmarks" / "results" / f"{stem}-p{p}.json"
 
     from optimizer.io import write_json_atomic
     from runtime.launch import launch
@@ -116,7 +122,7 @@ def main() -> None:
     schedules = pick_schedules(problem, args.solve_seconds)
     load_at_start = os.getloadavg()
     started = time.perf_counter()
-    gathered = launch(DepthJob({n: s.to_json() for n, s in schedules.items()}, args.warmup, args.steps), p, "gloo", 1)
+    gathered = launch(DepthJob({n: s.to_json() for n, s in schedules.items()}, args.warmup, args.steps, args.model), p, "gloo", 1)
     print(f"ran in {time.perf_counter() - started:.1f} s", file=sys.stderr)
 
     rows = []
@@ -124,6 +130,9 @@ def main() -> None:
         # a step's time is the slowest rank's; the median over steps
         ours = statistics.median(max(rank[name]["ours"][i] for rank in gathered) for i in range(args.steps)) * 1e3
         theirs = statistics.median(max(rank[name]["torch"][i] for rank in gathered) for i in range(args.steps)) * 1e3
+        if not synthetic:  # the problem's times are not this model's: no prediction
+            rows.append({"schedule": name, "measured_ms": ours, "torch_ms": theirs, "ours_over_torch": ours / theirs})
+            continue
         rows.append(
             {
                 "schedule": name,
@@ -137,31 +146,14 @@ def main() -> None:
                 "ours_over_torch": ours / theirs,
             }
         )
-    by_name = {r["schedule"]: r for r in rows}
-    predicted_gain = by_name["1f1b"]["predicted_ms"] - by_name["auto"]["predicted_ms"]
-    measured_gain = by_name["1f1b"]["measured_ms"] - by_name["auto"]["measured_ms"]
-    gain = {
-        "predicted_ms": predicted_gain,
-        "measured_ms": measured_gain,
-        "realized_share": measured_gain / predicted_gain if predicted_gain > 0 else None,
-    }
-
     limit = problem.memory_limit
-    print(
-        f"\n{p} ranks x 1 thread, gloo, {m} microbatches, synthetic model (base {args.base_ms:g} ms, first x1.3, last x1.8), memory limit {limit:g}; median of {args.steps} steps\n"
-    )
-    print("| schedule | fits | predicted ms | ours ms | error | torch runtime ms | error | ours / torch |")
-    print("|---|:-:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['schedule']} | {'yes' if r['fits_memory'] else 'no'} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error']:+.1%} "
-            f"| {r['torch_ms']:.1f} | {r['torch_error']:+.1%} | {r['ours_over_torch']:.3f} |"
-        )
-    share = f"{gain['realized_share']:.0%}" if gain["realized_share"] is not None else "n/a"
-    print(f"\nauto against 1f1b: gain predicted {predicted_gain:+.1f} ms, measured {measured_gain:+.1f} ms, realized {share}")
+    model = f"synthetic model (base {args.base_ms:g} ms, first x1.3, last x1.8)" if synthetic else f"model {args.model}"
+    print(f"\n{p} ranks x 1 thread, gloo, {m} microbatches, {model}, memory limit {limit:g}; median of {args.steps} steps\n")
+    gain = print_rows(rows) if synthetic else print_engines(rows)
     print(f"load average (1 min) at start {load_at_start[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     setup = {
         "devices": p,
+        "model": args.model,
         "microbatches": m,
         "base_ms": args.base_ms,
         "memory_limit": limit,
@@ -175,6 +167,33 @@ def main() -> None:
     }
     write_json_atomic(output, {"setup": setup, "rows": rows, "auto_gain_over_1f1b": gain, "problem": problem.model_dump(mode="json")})
     print(f"wrote {output}")
+
+
+def print_rows(rows: list[dict]) -> dict:
+    """The synthetic table, and auto's realized share of its predicted gain over 1f1b."""
+    print("| schedule | fits | predicted ms | ours ms | error | torch runtime ms | error | ours / torch |")
+    print("|---|:-:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['schedule']} | {'yes' if r['fits_memory'] else 'no'} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error']:+.1%} "
+            f"| {r['torch_ms']:.1f} | {r['torch_error']:+.1%} | {r['ours_over_torch']:.3f} |"
+        )
+    by_name = {r["schedule"]: r for r in rows}
+    predicted_gain = by_name["1f1b"]["predicted_ms"] - by_name["auto"]["predicted_ms"]
+    measured_gain = by_name["1f1b"]["measured_ms"] - by_name["auto"]["measured_ms"]
+    share = measured_gain / predicted_gain if predicted_gain > 0 else None
+    shown = f"{share:.0%}" if share is not None else "n/a"
+    print(f"\nauto against 1f1b: gain predicted {predicted_gain:+.1f} ms, measured {measured_gain:+.1f} ms, realized {shown}")
+    return {"predicted_ms": predicted_gain, "measured_ms": measured_gain, "realized_share": share}
+
+
+def print_engines(rows: list[dict]) -> None:
+    """A real model: the two engines on identical orders only."""
+    print("| schedule | ours ms | torch runtime ms | ours / torch |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['schedule']} | {r['measured_ms']:.1f} | {r['torch_ms']:.1f} | {r['ours_over_torch']:.3f} |")
+    return None
 
 
 if __name__ == "__main__":
