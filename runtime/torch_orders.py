@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import types
 
-from optimizer.errors import PipeschedError
+from optimizer.errors import InputError, PipeschedError
 from optimizer.formats.torch_csv import import_schedule, torchtitan_layout
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -84,6 +84,10 @@ def builtin_schedule(problem: Problem, class_name: str) -> Schedule:
 
 def builtin_schedules(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:
     """Every built-in schedule that applies, keyed by `row_name`, and why the others do not."""
+    try:
+        import torch.distributed.pipelining  # noqa: F401
+    except ImportError:
+        raise InputError("torch: --torch needs torch with torch.distributed.pipelining installed") from None
     schedules: dict[str, Schedule] = {}
     refused: dict[str, str] = {}
     for class_name in BUILTIN:
