@@ -248,3 +248,16 @@ def test_compare_with_torch_rows(tmp_path):
     assert rows["torch:ZBVZeroBubble"]["makespan"] == rows["zb-v"]["makespan"]
     assert rows["torch:DualPipeV"]["makespan"] == rows["dualpipe-v"]["makespan"]
     assert "needs the linear placement" in rows["torch:1F1B"]["note"]
+
+
+@pytest.mark.parametrize(
+    "class_name,family,placement", [("ScheduleZBVZeroBubble", "zb-v", "vshape"), ("ScheduleDualPipeV", "dualpipe-v", "vshape")]
+)
+def test_import_reads_a_file_torch_dumped_itself(class_name, family, placement, tmp_path):
+    """torch's own `_dump_csv(..., "compute_only")` (blank cells, overlapped pairs) imports."""
+    problem = uniform_problem(4, 8, placement=placement)
+    stages = [types.SimpleNamespace(num_stages=8, group_size=4, group_rank=0, submod=None) for _ in range(2)]
+    getattr(torch_schedules, class_name)(stages, 8)._dump_csv(str(tmp_path / "dumped.csv"), format="compute_only")
+    schedule, imported = torch_csv.import_schedule((tmp_path / "dumped.csv").read_text(), problem, memory=False)
+    assert schedule.order() == generate(problem, family).order()
+    assert (imported.overlapped_pairs > 0) == (class_name == "ScheduleDualPipeV")
