@@ -67,7 +67,8 @@ def run(
     summary = run_here(job, backend, threads) if under_torchrun() else launch(job, world_size, backend, threads)
     if summary is None:  # a rank other than 0 under torchrun
         return
-    summary["backend"] = backend if engine == "pipesched" else f"{backend}, torch runtime"
+    summary["backend"] = backend
+    summary["engine"] = engine
     if as_json:
         print(json.dumps(summary))
     else:
@@ -92,7 +93,7 @@ def run_job(engine: str, *args, **kwargs):
 def _print_run(summary: dict) -> None:
     losses = summary["losses"]
     print(
-        f"ran {summary['method']} on {summary['devices']} ranks ({summary['backend']}), {summary['stages']} stages, "
+        f"ran {summary['method']} on {summary['devices']} ranks ({summary['backend']}{', torch runtime' if summary['engine'] == 'torch' else ''}), {summary['stages']} stages, "
         f"{summary['microbatches']} microbatches: {summary['steps']} steps, median step {summary['median_step_ms']:.2f} ms "
         f"(schedule's makespan {summary['predicted_makespan']:.4g} in its time unit)"
     )
