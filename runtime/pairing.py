@@ -45,14 +45,20 @@ def _produced(plan: RankPlan) -> dict[int, list[Message]]:
     return makes
 
 
-def pairing_deadlock(plans: list[RankPlan]) -> str | None:
+def pairing_deadlock(plans: list[RankPlan], batched: bool = False) -> str | None:
     """None when every rank finishes under order-matched transfers; else where each stuck
-    rank waits (its next op and the message it waits for)."""
+    rank waits (its next op and the message it waits for).
+
+    `batched` models the executor's NCCL groups: the messages one rank issues with one
+    peer at one moment (at the step start, or right after an op made a send) go out as one
+    `batch_isend_irecv` group, and waiting for any of them waits for the whole group.
+    """
     needs = [_consumed(plan) for plan in plans]
     makes = [_produced(plan) for plan in plans]
     head = [0] * len(plans)  # next op per rank
     cursor = {(plan.rank, peer): 0 for plan in plans for peer in plan.peer_messages}  # next message to issue
     issued: set[tuple[int, int]] = set()  # (rank, tag)
+    group_of: dict[tuple[int, int], list[int]] = {}  # (rank, tag) -> tags issued with it
     done: set[int] = set()  # tags of completed transfers
     produced: set[int] = set()  # tags whose tensor exists on the sender
     pair_next = {}  # (low rank, high rank) -> index of the next transfer to complete
@@ -63,16 +69,17 @@ def pairing_deadlock(plans: list[RankPlan]) -> str | None:
             pair_list[pair] = messages
             pair_next[pair] = 0
 
-    def issue() -> bool:
-        moved = False
-        for (rank, peer), i in cursor.items():
-            messages = plans[rank].peer_messages[peer]
-            while i < len(messages) and (messages[i].dst == rank or messages[i].tag in produced):
-                issued.add((rank, messages[i].tag))
-                i += 1
-                moved = True
-            cursor[(rank, peer)] = i
-        return moved
+    def issue(rank: int, peer: int) -> None:
+        messages = plans[rank].peer_messages[peer]
+        i = cursor[(rank, peer)]
+        group: list[int] = []
+        while i < len(messages) and (messages[i].dst == rank or messages[i].tag in produced):
+            issued.add((rank, messages[i].tag))
+            group.append(messages[i].tag)
+            i += 1
+        cursor[(rank, peer)] = i
+        for tag in group:
+            group_of[(rank, tag)] = group if batched else [tag]
 
     def complete() -> bool:
         moved = False
@@ -85,16 +92,24 @@ def pairing_deadlock(plans: list[RankPlan]) -> str | None:
             pair_next[pair] = i
         return moved
 
+    def ready(rank: int, message: Message) -> bool:
+        return (rank, message.tag) in group_of and all(tag in done for tag in group_of[(rank, message.tag)])
+
     def run() -> bool:
         moved = False
         for rank, plan in enumerate(plans):
-            while head[rank] < len(plan.ops) and all(m.tag in done for m in needs[rank].get(head[rank], [])):
-                produced.update(m.tag for m in makes[rank].get(head[rank], []))
+            while head[rank] < len(plan.ops) and all(ready(rank, m) for m in needs[rank].get(head[rank], [])):
+                for message in makes[rank].get(head[rank], []):
+                    produced.add(message.tag)
+                    issue(rank, message.dst)
                 head[rank] += 1
                 moved = True
         return moved
 
-    while issue() | complete() | run():
+    for plan in plans:
+        for peer in plan.peer_messages:
+            issue(plan.rank, peer)
+    while complete() | run():
         pass
     stuck = [rank for rank, plan in enumerate(plans) if head[rank] < len(plan.ops)]
     if not stuck:
@@ -102,6 +117,6 @@ def pairing_deadlock(plans: list[RankPlan]) -> str | None:
     parts = []
     for rank in stuck:
         op = plans[rank].ops[head[rank]]
-        waits = [m for m in needs[rank].get(head[rank], []) if m.tag not in done]
+        waits = [m for m in needs[rank].get(head[rank], []) if not ready(rank, m)]
         parts.append(f"rank {rank} at {op} waits for {waits[0].describe()}" if waits else f"rank {rank} at {op}")
     return "; ".join(parts)

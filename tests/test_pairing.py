@@ -46,3 +46,20 @@ def test_a_transfer_queued_behind_one_the_peer_has_not_reached_is_caught():
     found = pairing_deadlock(bad)
     assert found is not None
     assert "rank 1 at F(stage 1, mb 0) waits for activation for stage 1 mb 0" in found
+
+
+def test_batched_groups_couple_receives_and_hang_interleaved_placements():
+    """The executor's NCCL path issues the messages it can issue with one peer at one
+    moment as one group, and a wait covers the whole group. On interleaved placements the
+    step-start group of rank 1 holds both stage 1's and stage 5's activations from rank 0;
+    stage 5's needs a full round of the pipeline, so every rank waits at its first F (the
+    same hang gloo shows when it runs that path). Issued one by one, in the same order,
+    the messages pair up."""
+    plans = build_plans(generate(uniform_problem(4, 8, placement="interleaved:2"), "interleaved-1f1b"), 4)
+    assert pairing_deadlock(plans) is None
+    found = pairing_deadlock(plans, batched=True)
+    assert found is not None and "rank 1 at F(stage 1, mb 0) waits for activation for stage 1 mb 0" in found
+    # linear and V placements have no such cross-round group
+    for placement, family in (("linear", "zb-h1"), ("vshape", "zb-v")):
+        plans = build_plans(generate(uniform_problem(4, 8, placement=placement), family), 4)
+        assert pairing_deadlock(plans, batched=True) is None
