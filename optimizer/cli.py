@@ -444,10 +444,11 @@ def print_comparison(rows: list[dict], title: str) -> None:
 def compare(
     problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to compare schedules on."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    with_torch: bool = typer.Option(False, "--torch", help="Add torch.distributed.pipelining's built-in schedules (needs torch)."),
 ) -> None:
     """Compare every applicable schedule family: makespan, bubble, peak memory, fits the limit."""
     loaded = load_problem(problem_file)
-    rows = comparison_rows(loaded)
+    rows = torch_comparison_rows(loaded) if with_torch else comparison_rows(loaded)
     if as_json:
         print(json.dumps(rows))
     else:
@@ -489,6 +490,78 @@ def show(
     check_outputs([output], [schedule_file])
     schedule = load_schedule(schedule_file)
     write_rendering(schedule, output)
+    print(f"wrote {output}")
+
+
+def torch_comparison_rows(problem: Problem) -> list[dict]:
+    """`comparison_rows` plus torch's built-in schedules, from torch's own order code."""
+    from runtime.torch_orders import builtin_schedules
+
+    schedules, refused = builtin_schedules(problem)
+    rows = comparison_rows(problem, schedules)
+    for name, reason in refused.items():
+        rows.append({"method": name, "makespan": None, "bubble_ratio": None, "peak_memory": None, "fits_memory": False, "note": reason})
+    return rows
+
+
+@app.command()
+@user_errors
+def export(
+    schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to export."),
+    format_name: str = typer.Option(
+        "torch-csv", "--format", help="torch-csv (torch.distributed.pipelining, torchtitan), schedule-json, chrome-trace, svg or html."
+    ),
+    output: Path = typer.Option(..., "--output", "-o", help="File to write."),
+) -> None:
+    """Write a schedule in a named format: torch-csv runs in torch's _PipelineScheduleRuntime and torchtitan."""
+    from optimizer.formats import get_format, torch_csv
+    from optimizer.io import write_text_atomic
+
+    chosen = get_format(format_name)
+    schedule = load_schedule(schedule_file)
+    write_text_atomic(output, chosen.write(schedule))
+    if chosen.name != torch_csv.NAME:
+        print(f"wrote {output}: {chosen.summary}")
+        return
+    problem = schedule.problem
+    count = sum(len(device) for device in schedule.devices)
+    print(
+        f"wrote {output}: {problem.num_devices} ranks, {problem.num_stages} stages, {count} actions (the order only; times stay in {schedule_file})"
+    )
+    if torch_csv.torchtitan_layout(problem) is None:
+        print("note: torch's runtime takes this placement from the CSV; torchtitan builds stages only looped or V-shaped")
+
+
+@app.command("import")
+@user_errors
+def import_(
+    csv_file: Path = typer.Argument(..., metavar="SCHEDULE.csv", help="torch compute-only schedule CSV."),
+    problem_file: Path = typer.Option(..., "--problem", help="Problem JSON with the times, transfer cost and memory."),
+    output: Path = typer.Option(..., "--output", "-o", help="Schedule JSON to write."),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+) -> None:
+    """Read torch's schedule CSV, time it on a problem and write a validated schedule.
+
+    Communication actions are skipped (torch inserts them itself); the two halves of an
+    OVERLAP_F_B pair run back to back. Exit 1 when the order deadlocks or breaks a rule.
+    """
+    from optimizer.formats import torch_csv
+
+    loaded = load_problem(problem_file)
+    schedule, imported = torch_csv.import_schedule(torch_csv.read_csv_text(csv_file), loaded, str(csv_file))
+    save_schedule(schedule, output)
+    if as_json:
+        print(
+            json.dumps(
+                {**schedule.metrics.as_dict(), "overlapped_pairs": imported.overlapped_pairs, "skipped_actions": imported.skipped_actions}
+            )
+        )
+        return
+    print(metrics_line(schedule))
+    if imported.overlapped_pairs:
+        print(f"{imported.overlapped_pairs} OVERLAP_F_B pairs run back to back (one op at a time per device)")
+    if imported.skipped_actions:
+        print(f"skipped {imported.skipped_actions} communication or sharding actions (torch's runtime inserts them)")
     print(f"wrote {output}")
 
 

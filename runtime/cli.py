@@ -88,6 +88,9 @@ def run(
     timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
     debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    engine: str = typer.Option(
+        "pipesched", "--engine", help="pipesched (our executor) or torch (torch.distributed.pipelining's runtime, fed the exported CSV)."
+    ),
 ) -> None:
     """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
     with interrupts_deferred():
@@ -96,7 +99,7 @@ def run(
         from runtime.launch import launch, run_here, under_torchrun
         from runtime.models import load_model
         from runtime.plan import build_plans
-        from runtime.worker import CheckError, RunJob
+        from runtime.worker import CheckError
 
     _check_options(timeout, backend, threads)
     schedule = load_schedule(schedule_file, check=False)
@@ -107,12 +110,13 @@ def run(
         if str(error).startswith(f"{schedule_file}:"):
             raise
         raise InputError(f"{schedule_file}: {error}") from None
-    load_model(model, schedule.problem.num_stages)  # a bad model name fails here, once
-    job = RunJob(schedule.to_json(), str(schedule_file), model, steps=steps, check=check, timeout_s=timeout)
+    load_model(model, schedule.problem.num_stages, schedule.problem)  # a bad model name fails here, once
+    job = run_job(engine, schedule.to_json(), str(schedule_file), model, steps=steps, check=check, timeout_s=timeout)
     summary = run_here(job, backend, threads) if under_torchrun() else launch(job, world_size, backend, threads, debug)
     if summary is None:  # a rank other than 0 under torchrun
         return
     summary["backend"] = backend
+    summary["engine"] = engine
     if as_json:
         print(json.dumps(summary))
     else:
@@ -121,10 +125,23 @@ def run(
         raise CheckError(f"check failed: {summary['check']['first_mismatch']}")
 
 
+def run_job(engine: str, *args, **kwargs):
+    """The per-rank job of `run` for the chosen engine."""
+    from runtime.worker import RunJob
+
+    if engine == "pipesched":
+        return RunJob(*args, **kwargs)
+    if engine == "torch":
+        from runtime.torch_engine import TorchRunJob
+
+        return TorchRunJob(*args, **kwargs)
+    raise InputError(f"engine: '{engine}' is not one of pipesched, torch")
+
+
 def _print_run(summary: dict) -> None:
     losses = summary["losses"]
     print(
-        f"ran {summary['method']} on {summary['devices']} ranks ({summary['backend']}), {summary['stages']} stages, "
+        f"ran {summary['method']} on {summary['devices']} ranks ({summary['backend']}{', torch runtime' if summary['engine'] == 'torch' else ''}), {summary['stages']} stages, "
         f"{summary['microbatches']} microbatches: {summary['steps']} steps, median step {summary['median_step_ms']:.2f} ms "
         f"(schedule's makespan {summary['predicted_makespan']:.4g} in its time unit)"
     )

@@ -14,6 +14,8 @@ Model names on the command line:
 
     example                                   default configuration, layers split evenly
     example:layers=8,hidden=128,split=1/3/3/1  any GPTConfig field, and the layers per stage
+    synthetic[:width=16,mib_per_unit=1,problem=PATH]  sleeping stages with a problem's
+                                              op times in ms (runtime/synthetic.py)
     package.module:build_stages                a user model (see `PipelineModel`)
 """
 
@@ -29,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from optimizer.errors import InputError
+from optimizer.problem import Problem, load_problem
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 BatchFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -210,11 +213,24 @@ def _describe(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
 
 
-def load_model(name: str, num_stages: int) -> PipelineModel:
-    """Build the named model cut into `num_stages` stages (see the module docstring)."""
+def load_model(name: str, num_stages: int, problem: Problem | None = None) -> PipelineModel:
+    """Build the named model cut into `num_stages` stages (see the module docstring).
+
+    `problem` is the schedule's problem, whose op times the synthetic model spends
+    unless its `problem=PATH` option names another.
+    """
     if name == "example" or name.startswith("example:"):
         config, split = _parse_example(name.partition(":")[2])
         return build_example(config, num_stages, split)
+    if name == "synthetic" or name.startswith("synthetic:"):
+        from runtime.synthetic import build_synthetic, parse_options
+
+        synthetic, problem_path = parse_options(name.partition(":")[2])
+        if problem_path is not None:
+            problem = load_problem(problem_path)
+        if problem is None:
+            raise InputError("model: synthetic needs a problem: run takes the schedule's, profile needs synthetic:problem=PATH")
+        return build_synthetic(synthetic, problem, num_stages)
     module_name, _, function_name = name.partition(":")
     if not module_name or not function_name:
         raise InputError(f"model: '{name}' is neither 'example[:options]' nor 'package.module:function'")

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from optimizer.errors import InputError
+from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from runtime.comm import P2P, TensorSpec
 from runtime.executor import Executor, StepResult
@@ -78,9 +79,11 @@ def open_session(
     timeout_s: float,
     measure_memory: bool = False,
     source: str = "schedule",
+    model_problem: Problem | None = None,
 ) -> Session:
+    """`model_problem`: the problem a synthetic model takes its op times from."""
     plan = build_plans(schedule, world_size, source)[rank]
-    model = load_model(model_name, plan.num_stages)
+    model = load_model(model_name, plan.num_stages, model_problem)
     example_inputs, _ = model.make_batch(0, plan.num_microbatches)
     specs = output_specs(model.stages, example_inputs.chunk(plan.num_microbatches)[0])
     modules = {s: model.stages[s].to(device) for s in plan.stages}

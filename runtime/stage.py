@@ -46,12 +46,15 @@ class StageRunner:
         self.loss_fn = loss_fn
         self.meter = meter
         self.split = SplitBackward(list(module.parameters()))
+        # A first stage has no input gradient to pass on, so its B is skipped unless the
+        # module asks for it (the synthetic model, whose B has a time of its own).
+        self.input_gradient = getattr(module, "input_gradient_on_first_stage", False)
         self._loss: torch.Tensor | None = None  # this step's loss so far (last stage only)
         self._in_flight: dict[int, _InFlight] = {}
 
     def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """Run the stage; returns what goes to the next stage (detached), or the loss."""
-        if not self.first and x.is_floating_point():
+        if x.is_floating_point() and (not self.first or self.input_gradient):
             # A leaf of this stage's graph: B asks autograd for its gradient.
             x = x.detach().requires_grad_(True)
         with self.meter.forward(self.index) if self._measuring() else nullcontext(lambda out: None) as keep:

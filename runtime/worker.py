@@ -42,7 +42,7 @@ def run_rank(job: RunJob, rank: int, world_size: int, device: torch.device) -> d
     from runtime.session import open_session
 
     schedule = schedule_from_json(job.schedule, job.source, check=False)
-    session = open_session(schedule, job.model, rank, world_size, device, job.timeout_s, source=job.source)
+    session = open_session(schedule, job.model, rank, world_size, device, job.timeout_s, source=job.source, model_problem=schedule.problem)
     steps = []
     check_report = None
     for step in range(job.steps):
@@ -50,7 +50,7 @@ def run_rank(job: RunJob, rank: int, world_size: int, device: torch.device) -> d
         steps.append((result.seconds, result.loss))
         if step == 0 and job.check:
             inputs, targets = session.batch(0)
-            reference = reference_step(load_model(job.model, session.plan.num_stages), inputs, targets)
+            reference = reference_step(load_model(job.model, session.plan.num_stages, schedule.problem), inputs, targets)
             mismatches, worst, count = compare_gradients(session.modules, reference)
             loss_ok = result.loss is None or loss_matches(result.loss, reference.loss)
             check_report = (mismatches, worst, count, loss_ok, result.loss, reference.loss)

@@ -1,0 +1,172 @@
+"""torch.distributed.pipelining's schedule CSV: one row per rank, one action per cell.
+
+A cell is `{stage}{kind}{microbatch}`: F forward, I input gradient (our B), W weight
+gradient, B fused backward (our BW); a blank cell is no action; `(a;b)OVERLAP_F_B` runs
+two actions as one slot (DualPipe's overlapped forward and backward). Row r is rank r,
+and the stage-to-rank mapping is wherever a stage's actions appear, so any placement
+(linear, interleaved, V, or hand-made) is kept as it is.
+
+The CSV holds the order only: times, transfer cost and memory stay in the problem, which
+is why importing one needs a problem. Reading follows torch's `compute_only` format:
+communication and sharding actions (SEND_F, RECV_B, UNSHARD, REDUCE_GRAD, ...) are
+inserted by torch's runtime itself and are skipped here; the two halves of an
+OVERLAP_F_B pair become two ops that run back to back, in the pair's order.
+
+This module only reads and writes text: it does not need torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from optimizer.errors import InputError
+from optimizer.formats import ScheduleFormat
+from optimizer.problem import Problem
+from optimizer.schedule import Op, Schedule, ScheduleError
+from optimizer.simulate import simulate
+from optimizer.validate import validate
+
+NAME = "torch-csv"
+
+# Our op kind -> torch's action letter, and back.
+TORCH_LETTER = {"F": "F", "B": "I", "W": "W", "BW": "B"}
+OUR_KIND = {letter: kind for kind, letter in TORCH_LETTER.items()}
+
+# Actions torch's runtime adds itself when it lowers a compute-only schedule.
+_SKIPPED_KINDS = ("UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
+_ACTION = re.compile(r"^(\d+)(F|I|W|B|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
+_OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+
+
+def action_text(op: Op) -> str:
+    return f"{op.stage}{TORCH_LETTER[op.kind]}{op.microbatch}"
+
+
+def export_rows(schedule: Schedule) -> list[list[str]]:
+    """One row of torch actions per device, in the schedule's order."""
+    return [[action_text(op) for op in device] for device in schedule.order()]
+
+
+def export_csv(schedule: Schedule) -> str:
+    """The schedule as torch's compute-only CSV text (see the module docstring)."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(export_rows(schedule))
+    return buffer.getvalue()
+
+
+def torchtitan_layout(problem: Problem) -> str | None:
+    """The torchtitan stage layout this placement matches ("loop" or "v"), or None.
+
+    torch's runtime takes any placement from the CSV, but torchtitan builds each rank's
+    stages itself, either looped (stage s on rank s mod p) or V-shaped.
+    """
+    p, devices = problem.num_devices, [stage.device for stage in problem.stages]
+    if problem.num_stages % p == 0 and devices == [s % p for s in range(problem.num_stages)]:
+        return "loop"
+    if problem.num_stages == 2 * p and devices == [s if s < p else 2 * p - 1 - s for s in range(2 * p)]:
+        return "v"
+    return None
+
+
+@dataclass(frozen=True)
+class ImportedOrder:
+    """Per-device op orders read from a CSV, and how many OVERLAP_F_B pairs were split."""
+
+    orders: list[list[Op]]
+    overlapped_pairs: int
+    skipped_actions: int
+
+
+def parse_cell(text: str, where: str) -> tuple[list[Op], bool, int]:
+    """A cell's compute ops (in order), whether it was an overlapped pair, and how many
+    communication or sharding actions it held (skipped)."""
+    text = text.strip()
+    if not text:
+        return [], False, 0
+    overlap = _OVERLAP.match(text)
+    parts = [part.strip() for part in overlap.group(1).split(";") if part.strip()] if overlap else [text]
+    ops: list[Op] = []
+    skipped = 0
+    for part in parts:
+        match = _ACTION.match(part)
+        if match is None:
+            raise InputError(f"{where}: '{text}' is not a torch action like 2F0, 2I0, 2W0, 2B0 or (0F7;7B3)OVERLAP_F_B")
+        stage, letter, microbatch = match.groups()
+        if letter in _SKIPPED_KINDS:
+            skipped += 1
+            continue
+        if not microbatch:
+            raise InputError(f"{where}: '{part}' has no microbatch number")
+        ops.append(Op(OUR_KIND[letter], int(stage), int(microbatch)))
+    return ops, overlap is not None, skipped
+
+
+def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> ImportedOrder:
+    """Per-device orders from torch CSV text, checked against the problem's placement.
+
+    Refuses (InputError) a CSV with another number of ranks, an unknown action, a stage
+    or microbatch the problem does not have, or a stage on another rank than the problem
+    places it.
+    """
+    rows = list(csv.reader(io.StringIO(text)))
+    while rows and not any(cell.strip() for cell in rows[-1]):
+        rows.pop()  # a trailing blank line is not a rank
+    if len(rows) != problem.num_devices:
+        raise InputError(f"{source}: {len(rows)} rows (ranks), the problem has {problem.num_devices} devices")
+    orders: list[list[Op]] = []
+    overlapped = skipped = 0
+    for rank, row in enumerate(rows):
+        ops: list[Op] = []
+        for column, cell in enumerate(row):
+            where = f"{source}: row {rank + 1}, column {column + 1}"
+            cell_ops, was_pair, cell_skipped = parse_cell(cell, where)
+            overlapped += was_pair
+            skipped += cell_skipped
+            for op in cell_ops:
+                _check_op(op, rank, problem, where)
+            ops += cell_ops
+        orders.append(ops)
+    return ImportedOrder(orders, overlapped, skipped)
+
+
+def _check_op(op: Op, rank: int, problem: Problem, where: str) -> None:
+    if op.stage >= problem.num_stages:
+        raise InputError(f"{where}: stage {op.stage} does not exist (the problem has {problem.num_stages} stages)")
+    if op.microbatch >= problem.num_microbatches:
+        raise InputError(f"{where}: microbatch {op.microbatch} does not exist (the problem has {problem.num_microbatches})")
+    device = problem.stages[op.stage].device
+    if device != rank:
+        raise InputError(f"{where}: stage {op.stage} is on rank {rank} here, on device {device} in the problem")
+
+
+def read_csv_text(path: str | Path) -> str:
+    path = Path(path)
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+
+
+def import_schedule(text: str, problem: Problem, source: str = "schedule.csv", *, memory: bool = True) -> tuple[Schedule, ImportedOrder]:
+    """A timed, validated schedule from torch CSV text and the problem it runs.
+
+    Raises DeadlockError when the order cannot finish, ScheduleError when it breaks a rule
+    (with `memory`, the memory limit too; without, only the structure, as for torch's own
+    orders, which know nothing of a limit).
+    """
+    imported = parse_csv(text, problem, source)
+    schedule = simulate(problem, imported.orders, method=NAME)
+    checked = problem if memory else problem.model_copy(update={"memory_limit": None})
+    violations = validate(checked, schedule.devices)
+    if violations:
+        raise ScheduleError(source, violations)
+    return schedule, imported
+
+
+FORMAT = ScheduleFormat(NAME, "torch.distributed.pipelining's per-rank action CSV (torchtitan reads it too)", ".csv", export_csv)

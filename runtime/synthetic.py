@@ -1,0 +1,198 @@
+"""The `synthetic` model: stages that take exactly a problem's op times, by sleeping.
+
+Each stage spends the problem's times, read as milliseconds: F sleeps `forward`, B
+`backward_input`, W `backward_weight`, a fused BW both. Sleeping, not computing, lets
+8-16 ranks share two cores and still run as the problem says, so an executor's
+overhead and a schedule's predicted step time can be measured at real pipeline depths.
+
+Real work still flows: a small tensor (`batch_size` x `width` per microbatch) passes
+between stages, each stage computes tanh(x + weight) with a real weight and gradient
+(so `--check` compares real gradients), and the loss is the mean squared error to
+random targets. Memory is held as real tensors of the problem's sizes (`mib_per_unit`
+MiB per memory unit; allocated, not written): F allocates the stage's `memory.forward`; when B ends, the part B
+frees (-`memory.backward_input`) is released, or B's extra (+) allocated; W releases
+the rest. A ledger per stage counts the bytes held, for tests and benchmarks.
+
+How the split backward lands on the sleeps: the stage output is tanh(h + w), where h
+comes from an autograd function on the input path (its backward sleeps B) and w from
+one on the weight (its backward sleeps W). An input-gradient pass reaches only the
+first, a weight-gradient pass only the second, and a fused backward both. Every
+deadline counts from the op's start, so allocation time is part of the op's time.
+
+The first stage has no input gradient to compute, and runtimes skip its B (torch's
+does). `input_gradient_on_first_stage` asks ours to run it, so that stage 0's B
+sleeps too; on torch's runtime stage 0's B time is spent in its W instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from optimizer.errors import InputError
+from optimizer.problem import Problem
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    width: int = 16  # features of the tensor passed between stages
+    batch_size: int = 2  # rows per microbatch
+    mib_per_unit: float = 1.0  # MiB held per memory unit of the problem
+    seed: int = 0
+
+
+def sleep_until(deadline: float) -> None:
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+class Ledger:
+    """Bytes of the tensors a stage holds for its microbatches in flight."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def allocate(self, nbytes: int) -> torch.Tensor | None:
+        if nbytes <= 0:
+            return None
+        self.bytes += nbytes
+        # Not filled: writing every page costs milliseconds per MiB on a loaded CPU, which
+        # would add to the op's time; the operating system commits the pages when touched.
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def release(self, tensor: torch.Tensor | None) -> None:
+        if tensor is not None:
+            self.bytes -= tensor.numel()
+
+
+class _Held:
+    """One microbatch's held tensors: freed by B, freed by W, and B's own extra."""
+
+    def __init__(self, ledger: Ledger, until_b: int, until_w: int):
+        self.ledger = ledger
+        self.until_b = ledger.allocate(until_b)
+        self.until_w = ledger.allocate(until_w)
+        self.from_b: torch.Tensor | None = None
+
+    def at_b(self, extra: int) -> None:
+        self.ledger.release(self.until_b)
+        self.until_b = None
+        self.from_b = self.ledger.allocate(extra)
+
+    def at_w(self) -> None:
+        for tensor in (self.until_b, self.until_w, self.from_b):
+            self.ledger.release(tensor)
+        self.until_b = self.until_w = self.from_b = None
+
+
+class _InputPath(torch.autograd.Function):
+    """Identity on the input path; its backward is B: release, then sleep B."""
+
+    @staticmethod
+    def forward(ctx, x, held, b_seconds, b_extra):
+        ctx.held, ctx.b_seconds, ctx.b_extra = held, b_seconds, b_extra
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        start = time.perf_counter()
+        ctx.held.at_b(ctx.b_extra)
+        sleep_until(start + ctx.b_seconds)
+        return grad, None, None, None
+
+
+class _WeightPath(torch.autograd.Function):
+    """Identity on the weight; its backward is W: release the rest, then sleep W."""
+
+    @staticmethod
+    def forward(ctx, weight, held, w_seconds):
+        ctx.held, ctx.w_seconds = held, w_seconds
+        return weight.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        start = time.perf_counter()
+        ctx.held.at_w()
+        sleep_until(start + ctx.w_seconds)
+        return grad, None, None
+
+
+class SleepingStage(nn.Module):
+    input_gradient_on_first_stage = True  # see the module docstring
+
+    def __init__(self, config: SyntheticConfig, problem: Problem, index: int):
+        super().__init__()
+        stage = problem.stages[index]
+        unit = config.mib_per_unit * MIB
+        self.f_seconds = stage.forward / 1e3
+        self.b_seconds = stage.backward_input / 1e3
+        self.w_seconds = stage.backward_weight / 1e3
+        forward_bytes = round(stage.memory.forward * unit)
+        b_change = round(stage.memory.backward_input * unit)
+        self.until_b = min(forward_bytes, max(0, -b_change))  # F's part that B frees
+        self.until_w = forward_bytes - self.until_b
+        self.b_extra = max(0, b_change)  # what B keeps beyond F's, freed by W
+        self.ledger = Ledger()
+        generator = torch.Generator().manual_seed(config.seed * 100_003 + index)
+        self.weight = nn.Parameter(torch.randn(config.width, generator=generator) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        held = _Held(self.ledger, self.until_b, self.until_w) if torch.is_grad_enabled() else None
+        if held is None:  # no backward will come (shape probing): hold and sleep nothing
+            return torch.tanh(x + self.weight)
+        h = _InputPath.apply(x, held, self.b_seconds, self.b_extra)
+        # No input gradient (a first stage fed a plain batch): B has nothing to run, and
+        # its time goes to W, where the runtime does this stage's whole backward.
+        w_seconds = self.w_seconds if x.requires_grad else self.b_seconds + self.w_seconds
+        w = _WeightPath.apply(self.weight, held, w_seconds)
+        out = torch.tanh(h + w)
+        sleep_until(start + self.f_seconds)
+        return out
+
+
+def parse_options(options: str) -> tuple[SyntheticConfig, str | None]:
+    """`width=16,batch_size=2,mib_per_unit=1,seed=0,problem=PATH` (all optional)."""
+    kinds = {f.name: f.type for f in dataclasses.fields(SyntheticConfig)}
+    values: dict[str, float | int] = {}
+    problem_path = None
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key == "problem":
+            problem_path = value
+            continue
+        if key not in kinds:
+            raise InputError(f"model: unknown synthetic option '{key}' (known: {', '.join(sorted(kinds))}, problem)")
+        try:
+            number = float(value) if kinds[key] == "float" else int(value)
+        except ValueError:
+            raise InputError(f"model: synthetic option {key}='{value}' is not a number") from None
+        if not number >= (0 if key == "seed" else 1e-12) or number == float("inf"):
+            raise InputError(f"model: synthetic option {key}={value} must be positive and finite")
+        values[key] = number
+    return SyntheticConfig(**values), problem_path
+
+
+def build_synthetic(config: SyntheticConfig, problem: Problem, num_stages: int):
+    """The synthetic model of `problem` (see the module docstring) as a PipelineModel."""
+    from runtime.models import PipelineModel
+
+    if problem.num_stages != num_stages:
+        raise InputError(f"model: the synthetic model's problem has {problem.num_stages} stages, the schedule {num_stages}")
+    stages = [SleepingStage(config, problem, s) for s in range(num_stages)]
+
+    def make_batch(step: int, num_microbatches: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        shape = (num_microbatches * config.batch_size, config.width)
+        return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+
+    return PipelineModel(stages, F.mse_loss, make_batch)

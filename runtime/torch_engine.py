@@ -1,0 +1,127 @@
+"""`pipesched run --engine torch`: the schedule on torch.distributed.pipelining's runtime.
+
+Each rank exports the schedule to torch's compute-only CSV (optimizer/formats/
+torch_csv.py), wraps its own stages of the same model as torch `PipelineStage`s, and
+loads the CSV into `_PipelineScheduleRuntime`, which inserts its sends and receives
+itself and runs the ops in our order. Data, loss, optimizer (AdamW, lr 1e-3) and the
+`--check` reference are the executor's (runtime/worker.py), so the two engines are
+compared on identical work; the summary has the same fields.
+
+Loss scaling differs in form, not in result: torch computes each microbatch's mean loss
+and divides the accumulated gradients by the microbatch count at the end (scale_grads),
+our executor divides each microbatch's loss by it; both give the gradient of the mean
+loss over the batch.
+
+torch's stage skips the input-gradient part of B on the first stage (it has no input
+to differentiate) and runs that stage's whole backward in W, as our executor does for
+a first stage fed token ids.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from optimizer.formats.torch_csv import export_csv
+from optimizer.schedule import schedule_from_json
+
+
+@dataclass(frozen=True)
+class TorchRunJob:
+    schedule: dict  # schedule JSON v1
+    source: str
+    model: str
+    steps: int = 3
+    check: bool = False
+    timeout_s: float = 60.0
+
+    def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None:
+        return run_torch_rank(self, rank, world_size, device)
+
+
+def load_runtime(schedule, stages: list, loss_fn):
+    """torch's runtime for this rank's PipelineStages, loaded from the schedule's CSV."""
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    runtime = _PipelineScheduleRuntime(stages, schedule.problem.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    with tempfile.TemporaryDirectory(prefix="pipesched-torch-") as folder:
+        path = Path(folder) / "schedule.csv"
+        path.write_text(export_csv(schedule))
+        runtime._load_csv(str(path), format="compute_only")
+    return runtime
+
+
+class TorchSession:
+    """One rank's stages of a model on torch's runtime, loaded from the schedule's CSV."""
+
+    def __init__(self, schedule, model_name: str, rank: int, world_size: int, device: torch.device, source: str = "schedule"):
+        from torch.distributed.pipelining import PipelineStage
+
+        from runtime.models import load_model
+        from runtime.plan import build_plans
+
+        self.schedule = schedule
+        self.plan = build_plans(schedule, world_size, source)[rank]  # the executor's refusals, word for word
+        self.model = load_model(model_name, self.plan.num_stages, schedule.problem)
+        self.device = device
+        self.modules = {s: self.model.stages[s].to(device) for s in self.plan.stages}
+        stages = [PipelineStage(self.modules[s], s, self.plan.num_stages, device) for s in self.plan.stages]
+        self.runtime = load_runtime(schedule, stages, self.model.loss_fn)
+        params = [p for module in self.modules.values() for p in module.parameters()]
+        self.optimizer = torch.optim.AdamW(params, lr=1e-3) if params else None
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.make_batch(step, self.plan.num_microbatches)
+
+    def step(self, step: int) -> tuple[float, float | None]:
+        """One timed step (no optimizer update; see `update`): seconds, and the loss on
+        the rank holding the last stage."""
+        inputs, targets = self.batch(step)
+        first, last = 0 in self.modules, self.plan.num_stages - 1 in self.modules
+        args = (inputs.to(self.device),) if first else ()
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": targets.to(self.device), "losses": losses} if last else {}
+        dist.barrier()  # start together, as the executor does
+        start = time.perf_counter()
+        self.runtime.step(*args, return_outputs=False, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        return seconds, float(torch.stack([x.detach() for x in losses]).mean()) if last else None
+
+    def update(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+        for module in self.modules.values():
+            module.zero_grad(set_to_none=True)
+
+
+def run_torch_rank(job: TorchRunJob, rank: int, world_size: int, device: torch.device) -> dict | None:
+    from runtime.check import compare_gradients, loss_matches, reference_step
+    from runtime.models import load_model
+    from runtime.worker import summarize
+
+    schedule = schedule_from_json(job.schedule, job.source, check=False)
+    session = TorchSession(schedule, job.model, rank, world_size, device, job.source)
+    steps, check_report = [], None
+    for step in range(job.steps):
+        seconds, loss = session.step(step)
+        steps.append((seconds, loss))
+        if step == 0 and job.check:
+            inputs, targets = session.batch(0)
+            reference = reference_step(load_model(job.model, session.plan.num_stages, schedule.problem), inputs, targets)
+            mismatches, worst, count = compare_gradients(session.modules, reference)
+            loss_ok = loss is None or loss_matches(loss, reference.loss)
+            check_report = (mismatches, worst, count, loss_ok, loss, reference.loss)
+        session.update()
+
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, (steps, check_report))
+    if rank != 0:
+        return None
+    return {**summarize(job, schedule, session.plan.predicted_makespan, gathered), "engine": "torch"}

@@ -1,0 +1,128 @@
+"""The synthetic model: each op lasts the problem's time in ms, memory is held as the
+problem says, and profiling it on 2 ranks gives back the problem's times."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from optimizer.errors import InputError
+from optimizer.io import validate_model
+from optimizer.problem import Problem, load_problem
+from runtime.cli import app
+from runtime.models import load_model
+from runtime.stage import StageRunner
+from runtime.synthetic import MIB
+
+runner = CliRunner()
+
+# ms per op, per stage: uneven on purpose, so a stage swap or a B/W mix-up shows
+TIMES = [(8.0, 12.0, 6.0), (14.0, 20.0, 10.0)]
+
+
+def problem(memory_backward_input: float = -1.5) -> Problem:
+    stages = [
+        {
+            "device": s,
+            "forward": f,
+            "backward_input": b,
+            "backward_weight": w,
+            "memory": {"forward": 2.0, "backward_input": memory_backward_input, "backward_weight": -2.0 - memory_backward_input},
+        }
+        for s, (f, b, w) in enumerate(TIMES)
+    ]
+    return validate_model(Problem, {"num_devices": 2, "num_microbatches": 4, "stages": stages}, "problem")
+
+
+def timed(call, *args):
+    start = time.perf_counter()
+    result = call(*args)
+    return result, (time.perf_counter() - start) * 1e3
+
+
+@pytest.mark.parametrize("memory_backward_input", [-1.5, 0.5])
+def test_ops_hold_the_problems_memory_until_b_and_w_release_it(memory_backward_input):
+    model = load_model("synthetic:width=8,mib_per_unit=0.5", 2, problem(memory_backward_input))
+    runners = [StageRunner(stage, s, 2, 4, model.loss_fn) for s, stage in enumerate(model.stages)]
+    ledgers = [stage.ledger for stage in model.stages]
+    x, y = model.make_batch(0, 4)
+    unit = 0.5 * MIB
+    out = runners[0].forward(0, x.chunk(4)[0], None)
+    runners[1].forward(0, out, y.chunk(4)[0])
+    assert [ledger.bytes for ledger in ledgers] == [2.0 * unit] * 2
+    grad = runners[1].backward_input(0, None)
+    assert ledgers[1].bytes == (2.0 + memory_backward_input) * unit
+    runners[0].backward_input(0, grad)
+    assert ledgers[0].bytes == (2.0 + memory_backward_input) * unit
+    for runner in runners:
+        runner.backward_weight(0)
+    assert [ledger.bytes for ledger in ledgers] == [0, 0]
+
+
+def test_each_op_sleeps_its_time_in_one_process():
+    model = load_model("synthetic", 2, problem())
+    runners = [StageRunner(stage, s, 2, 4, model.loss_fn) for s, stage in enumerate(model.stages)]
+    x, y = model.make_batch(0, 4)
+    measured: dict[tuple[str, int], list[float]] = {}
+    for mb in range(4):
+        out, f0 = timed(runners[0].forward, mb, x.chunk(4)[mb], None)
+        _, f1 = timed(runners[1].forward, mb, out, y.chunk(4)[mb])
+        grad, b1 = timed(runners[1].backward_input, mb, None)
+        _, w1 = timed(runners[1].backward_weight, mb)
+        _, b0 = timed(runners[0].backward_input, mb, grad)
+        _, w0 = timed(runners[0].backward_weight, mb)
+        if mb == 0:
+            continue  # the first backward pays autograd's one-time set-up
+        for key, value in {("F", 0): f0, ("F", 1): f1, ("B", 0): b0, ("B", 1): b1, ("W", 0): w0, ("W", 1): w1}.items():
+            measured.setdefault(key, []).append(value)
+    for (kind, stage), values in measured.items():
+        expected = TIMES[stage]["FBW".index(kind)]
+        # never shorter (a deadline from the op start); at most 3 ms longer: the op's own
+        # autograd and Python work plus sleep overshoot, on a machine shared by other jobs
+        assert min(values) >= expected, (kind, stage, values)
+        assert sorted(values)[len(values) // 2] <= expected + 3.0, (kind, stage, values)
+
+
+def test_profiling_the_synthetic_model_on_two_ranks_gives_back_its_times(tmp_path):
+    source = tmp_path / "problem.json"
+    source.write_text(json.dumps(problem().model_dump(mode="json")))
+    output = tmp_path / "measured.json"
+    args = ["profile", "--model", f"synthetic:problem={source}", "--devices", 2, "--microbatches", 4, "--steps", 2, "--output", output]
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    measured = load_problem(output)
+    for s, (f, b, w) in enumerate(TIMES):
+        stage = measured.stages[s]
+        # median busy time per op (wall minus receive wait): at least the problem's time,
+        # at most 3 ms more (see the one-process test); 3 ms is a quarter of the smallest
+        # gap between two different ops here, so a swapped or missing sleep fails
+        for got, expected in ((stage.forward, f), (stage.backward_input, b), (stage.backward_weight, w)):
+            assert expected - 0.05 <= got <= expected + 3.0, (s, got, expected)
+
+
+def test_synthetic_needs_a_problem_and_checks_its_options(tmp_path):
+    with pytest.raises(InputError, match="synthetic needs a problem"):
+        load_model("synthetic", 2)
+    with pytest.raises(InputError, match="unknown synthetic option 'depth'"):
+        load_model("synthetic:depth=3", 2, problem())
+    with pytest.raises(InputError, match="width='x' is not a number"):
+        load_model("synthetic:width=x", 2, problem())
+    with pytest.raises(InputError, match="mib_per_unit=nan must be positive and finite"):
+        load_model("synthetic:mib_per_unit=nan", 2, problem())
+    with pytest.raises(InputError, match="problem has 2 stages, the schedule 4"):
+        load_model("synthetic", 4, problem())
+    with pytest.raises(InputError, match="no such file"):
+        load_model(f"synthetic:problem={tmp_path / 'none.json'}", 2)
+
+
+def test_the_weight_gradient_is_real():
+    model = load_model("synthetic:width=4", 2, problem())
+    whole = torch.nn.Sequential(*model.stages)
+    x, y = model.make_batch(0, 1)
+    model.loss_fn(whole(x), y).backward()
+    for stage in model.stages:
+        assert stage.weight.grad is not None and stage.weight.grad.abs().sum() > 0
