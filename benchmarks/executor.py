@@ -84,7 +84,7 @@ class BenchJob:
             runs[family] = (ours, peer)
 
         busy: dict = {}
-        times = {family: {"ours": [], "torch": []} for family in runs}
+        times: dict[str, dict[str, list[float]]] = {family: {"ours": [], "torch": []} for family in runs}
         for step in range(self.warmup + self.rounds):
             measured = step >= self.warmup
             for profile_session in profiling.values():
@@ -99,12 +99,12 @@ class BenchJob:
                     times[family]["ours"].append(result.seconds)
                     if seconds is not None:
                         times[family]["torch"].append(seconds)
-        profile = (
+        profile: tuple = (
             {key: statistics.median(values) * 1e3 for key, values in busy.items()},
             {},
             ping_pong(profiling[False], device),
         )
-        gathered = [None] * world_size
+        gathered: list = [None] * world_size
         dist.all_gather_object(gathered, (times, profile))
         return gathered if rank == 0 else None
 
@@ -202,7 +202,7 @@ def split_overhead(model_name: str, num_stages: int, microbatches: int, device_n
             torch.autograd.grad(out, split.params, grad)
             return middle - start, now() - middle
 
-        samples = {"fused": [], "B": [], "W": [], "naive B": [], "naive W": []}
+        samples: dict[str, list[float]] = {"fused": [], "B": [], "W": [], "naive B": [], "naive W": []}
         for repeat in range(repeats + 3):
             for name, fn in (("fused", fused), ("ours", ours), ("naive", naive)):
                 x, out = forward()
@@ -306,6 +306,7 @@ def main() -> None:
         for family, schedule in schedules.items():
             ours = _median_ms([times[family]["ours"] for times, _ in gathered])
             peer = _median_ms([times[family]["torch"] for times, _ in gathered])
+            assert ours is not None, "every schedule ran on our executor"
             # A BW op runs the fused backward, cheaper than B + W: time it as measured.
             fused = any(op.kind == "BW" for device in schedule.devices for op in device)
             predicted = simulate(fused_problem if fused else problem, schedule.order()).makespan

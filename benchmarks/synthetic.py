@@ -53,7 +53,7 @@ class DepthJob:
             schedule = schedule_from_json(data, name, check=False)
             ours = open_session(schedule, self.model, rank, world_size, device, self.timeout_s, source=name, model_problem=schedule.problem)
             sessions[name] = (ours, TorchSession(schedule, self.model, rank, world_size, device, name))
-        times = {name: {"ours": [], "torch": []} for name in sessions}
+        times: dict[str, dict[str, list[float]]] = {name: {"ours": [], "torch": []} for name in sessions}
         for step in range(self.warmup + self.steps):
             for name, (ours, theirs) in sessions.items():
                 seconds = ours.step(step).seconds
@@ -149,7 +149,11 @@ def main() -> None:
     limit = problem.memory_limit
     model = f"synthetic model (base {args.base_ms:g} ms, first x1.3, last x1.8)" if synthetic else f"model {args.model}"
     print(f"\n{p} ranks x 1 thread, gloo, {m} microbatches, {model}, memory limit {limit:g}; median of {args.steps} steps\n")
-    gain = print_rows(rows) if synthetic else print_engines(rows)
+    gain: dict | None = None
+    if synthetic:
+        gain = print_rows(rows)
+    else:
+        print_engines(rows)
     print(f"load average (1 min) at start {load_at_start[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     setup = {
         "devices": p,

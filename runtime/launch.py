@@ -45,7 +45,8 @@ class LaunchError(PipeschedError):
 
 
 class Job(Protocol):
-    timeout_s: float
+    @property
+    def timeout_s(self) -> float: ...  # read-only: jobs are frozen dataclasses
 
     def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None: ...
 

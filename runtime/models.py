@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +52,7 @@ class PipelineModel:
     it must build identical weights each time: seed inside it.
     """
 
-    stages: list[nn.Module]
+    stages: Sequence[nn.Module]
     loss_fn: LossFn
     make_batch: BatchFn
 

@@ -9,6 +9,7 @@ together, so a step's time is comparable with a simulated makespan.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +58,7 @@ class Session:
             module.zero_grad(set_to_none=True)
 
 
-def output_specs(stages: list[nn.Module], example_input: torch.Tensor) -> list[TensorSpec]:
+def output_specs(stages: Sequence[nn.Module], example_input: torch.Tensor) -> list[TensorSpec]:
     """Shape and dtype of each stage's output, from one no-grad forward."""
     specs: list[TensorSpec] = []
     x = example_input

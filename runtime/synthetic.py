@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -162,7 +163,7 @@ class SleepingStage(nn.Module):
 def parse_options(options: str) -> tuple[SyntheticConfig, str | None]:
     """`width=16,batch_size=2,mib_per_unit=1,seed=0,problem=PATH` (all optional)."""
     kinds = {f.name: f.type for f in dataclasses.fields(SyntheticConfig)}
-    values: dict[str, float | int] = {}
+    values: dict[str, Any] = {}  # option name -> int or float, as SyntheticConfig declares
     problem_path = None
     for item in filter(None, options.split(",")):
         key, _, value = item.partition("=")

@@ -11,7 +11,8 @@ import random
 
 from hypothesis import strategies as st
 
-from optimizer.problem import Problem, placement_devices
+from optimizer.io import validate_model
+from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedule import Op, op_memory
 from optimizer.simulate import dependency
 
@@ -134,3 +135,25 @@ def problem_cases(max_devices: int = 4, max_microbatches: int = 5, placements=PL
         st.sampled_from(placements),
         st.sampled_from(limits),
     )
+
+
+def hetero_problem(p: int, m: int, placement: str = "linear", limit: float | None = None) -> Problem:
+    """First stage x1.3, last x1.8, as profiled models look."""
+    data = uniform_problem(p, m, placement=placement, memory_limit=limit).model_dump(mode="json")
+    for s, stage in enumerate(data["stages"]):
+        scale = 1.3 if s == 0 else 1.8 if s == len(data["stages"]) - 1 else 1.0
+        for key in ("forward", "backward_input", "backward_weight"):
+            stage[key] *= scale
+    return validate_model(Problem, data, "problem")
+
+
+def unusual_placements(p: int) -> dict[str, list[int]]:
+    """Placements neither looped nor V: two neighbouring stages per device, and the
+    first stage on the last device."""
+    return {"blocked": [d for d in range(p) for _ in range(2)], "reversed": [p - 1 - s for s in range(p)]}
+
+
+def placed_problem(p: int, m: int, devices: list[int]) -> Problem:
+    data = uniform_problem(p, m).model_dump(mode="json")
+    data["stages"] = [{**data["stages"][0], "device": d} for d in devices]
+    return validate_model(Problem, data, "problem")

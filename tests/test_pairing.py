@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from factories import placed_problem, unusual_placements
 
 from optimizer.problem import uniform_problem
 from optimizer.schedules import GENERATORS, generate
 from runtime.pairing import pairing_deadlock
 from runtime.plan import build_plans
-from tests.test_torch_csv import placed_problem, unusual_placements
 
 
 def cases():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 import torch.nn as nn
@@ -45,16 +46,19 @@ class _Fault(nn.Module):
         return self.inner(x)
 
 
-def hanging_stage(num_stages: int):
+def _with_fault(num_stages: int, mode: str):
     model = build_example(TINY, num_stages)
-    model.stages[1] = _Fault(model.stages[1], "hang")
-    return model
+    stages = list(model.stages)
+    stages[1] = _Fault(stages[1], mode)
+    return replace(model, stages=stages)
+
+
+def hanging_stage(num_stages: int):
+    return _with_fault(num_stages, "hang")
 
 
 def dying_stage(num_stages: int):
-    model = build_example(TINY, num_stages)
-    model.stages[1] = _Fault(model.stages[1], "die")
-    return model
+    return _with_fault(num_stages, "die")
 
 
 def drifting_weights(num_stages: int):

@@ -8,6 +8,7 @@ import re
 import types
 
 import pytest
+from factories import hetero_problem, placed_problem, unusual_placements
 from torch.distributed.pipelining import schedules as torch_schedules
 from typer.testing import CliRunner
 
@@ -15,7 +16,6 @@ from optimizer.cli import app
 from optimizer.errors import InputError
 from optimizer.exact import SolveOptions, solve
 from optimizer.formats import torch_csv
-from optimizer.io import validate_model
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedule import Op, Schedule, ScheduleError, save_schedule
 from optimizer.schedules import GENERATORS, generate
@@ -33,28 +33,6 @@ def family_cases() -> list[tuple[str, str, int, int]]:
             problem = uniform_problem(p, m, placement=placement)
             cases += [(name, placement, p, m) for name, g in GENERATORS.items() if g.unsupported(problem) is None]
     return cases
-
-
-def hetero_problem(p: int, m: int, placement: str = "linear", limit: float | None = None) -> Problem:
-    """First stage x1.3, last x1.8, as profiled models look."""
-    data = uniform_problem(p, m, placement=placement, memory_limit=limit).model_dump(mode="json")
-    for s, stage in enumerate(data["stages"]):
-        scale = 1.3 if s == 0 else 1.8 if s == len(data["stages"]) - 1 else 1.0
-        for key in ("forward", "backward_input", "backward_weight"):
-            stage[key] *= scale
-    return validate_model(Problem, data, "problem")
-
-
-def unusual_placements(p: int) -> dict[str, list[int]]:
-    """Placements neither looped nor V: two neighbouring stages per device, and the
-    first stage on the last device."""
-    return {"blocked": [d for d in range(p) for _ in range(2)], "reversed": [p - 1 - s for s in range(p)]}
-
-
-def placed_problem(p: int, m: int, devices: list[int]) -> Problem:
-    data = uniform_problem(p, m).model_dump(mode="json")
-    data["stages"] = [{**data["stages"][0], "device": d} for d in devices]
-    return validate_model(Problem, data, "problem")
 
 
 def load_in_torch(path, problem: Problem):

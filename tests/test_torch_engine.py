@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from factories import hetero_problem, placed_problem, unusual_placements
+from test_runtime_families import FAMILIES, Batch, microbatches, tiny_model
 from typer.testing import CliRunner
 
 from optimizer.exact import SolveOptions, solve
@@ -20,8 +22,6 @@ from optimizer.simulate import simulate
 from runtime.cli import app
 from runtime.launch import launch
 from runtime.torch_engine import TorchRunJob
-from tests.test_runtime_families import FAMILIES, Batch, microbatches, tiny_model
-from tests.test_torch_csv import hetero_problem, placed_problem, unusual_placements
 
 runner = CliRunner()
 
