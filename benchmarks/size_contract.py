@@ -40,7 +40,7 @@ SHAPES = [
     ("interleaved:4 p16 m260", 16, 260, "interleaved:4"),
     ("linear p1024 m16", 1024, 16, "linear"),
     ("linear p2 m8333", 2, 8333, "linear"),
-    ("interleaved:4 p1024 m4", 1024, 4, "interleaved:4"),
+    ("interleaved:4 p256 m16", 256, 16, "interleaved:4"),
 ]
 
 

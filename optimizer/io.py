@@ -203,6 +203,12 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
             raise InputError(f"{path}: folder {path.parent} does not exist")
         if not os.access(folder, os.W_OK | os.X_OK):
             raise InputError(f"{path}: folder {path.parent} is not writable")
+        try:  # access() says yes to root everywhere: try it, as the write will
+            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot write in {path.parent} ({exc.strerror or exc.__class__.__name__})") from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def _umask() -> int:

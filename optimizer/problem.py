@@ -31,7 +31,7 @@ MAX_VALUE = 1e12
 # 4 s (loading, known schedules and writing the file come on top of the limit).
 MAX_DEVICES = 1024
 MAX_MICROBATCHES = 16384
-MAX_STAGES = 4096
+MAX_STAGES = 1024  # the lower bound and the generators grow faster than linearly in stages
 MAX_OPS = 50_000  # 3 ops (F, B, W) per stage and microbatch
 
 # Strict numbers: "2" or true are not numbers, 2.0 is not a count; NaN and +-Infinity are
