@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=2.0)
     args = parser.parse_args()
     limit = args.time_limit
+    load_before = os.getloadavg()[0]  # the machine is shared: the load says how much of it we had
     rows = []
     with tempfile.TemporaryDirectory(prefix="pipesched-size-") as folder:
         for name, p, m, placement in SHAPES:
@@ -100,7 +101,13 @@ def main() -> None:
     Console().print(table)
     timed = [row for row in rows if row["slack"] is not None]
     print(f"largest slack over --time-limit: {max(row['slack'] for row in timed):.2f} s")
-    setup = {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(), "time_limit": limit}
+    setup = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "time_limit": limit,
+        "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
     write_json_atomic(ROOT / "benchmarks" / "results" / "size_contract.json", {"setup": setup, "max_ops": MAX_OPS, "rows": rows})
 
 
