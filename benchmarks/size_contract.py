@@ -38,8 +38,8 @@ SHAPES = [
     ("linear p32 m520", 32, 520, "linear"),
     ("vshape p32 m260", 32, 260, "vshape"),
     ("interleaved:4 p16 m260", 16, 260, "interleaved:4"),
-    ("linear p1024 m16", 1024, 16, "linear"),
-    ("linear p2 m8333", 2, 8333, "linear"),
+    ("linear p256 m65", 256, 65, "linear"),
+    ("linear p4 m4096", 4, 4096, "linear"),
     ("interleaved:4 p256 m16", 256, 16, "interleaved:4"),
 ]
 

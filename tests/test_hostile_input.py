@@ -65,8 +65,8 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int] | str]:
 # ---------------------------------------------------------------------------------- corpus
 
 
-def _problem_text(**changes) -> str:
-    data = uniform_problem(2, 4).model_dump(mode="json")
+def _problem_text(devices: int = 2, **changes) -> str:
+    data = uniform_problem(devices, 4).model_dump(mode="json")
     data.update(changes)
     return json.dumps(data, indent=1)
 
@@ -90,7 +90,7 @@ def write_corpus(folder: Path) -> None:
         "million_microbatches.json": _problem_text(num_microbatches=1_000_000),
         "float_microbatches.json": problem.replace('"num_microbatches": 4', '"num_microbatches": 1e6'),
         "many_devices.json": _problem_text(num_devices=100_000),
-        "over_ops.json": _problem_text(num_microbatches=MAX_OPS // 6 + 1),
+        "over_ops.json": _problem_text(8, num_microbatches=MAX_OPS // 24 + 1),  # 8 stages: 3 * 8 * m ops
         "deep.json": "[" * 100_000 + "]" * 100_000,
         "latin1.json": None,
         "empty.json": "",
@@ -377,14 +377,15 @@ def test_outputs_keep_mode_honour_umask_and_write_through_devices(tmp_path) -> N
 
 
 def test_size_contract_at_the_limit_and_just_over(tmp_path) -> None:
-    m = MAX_OPS // 6  # p = 2, linear: 3 * 2 * m ops
-    result, _ = run_cli(["problem", "-p", "2", "-m", str(m), "-o", "at.json"], tmp_path)
+    m = MAX_OPS // 24  # p = 8, linear: 3 * 8 * m ops
+    assert 3 * 8 * m <= MAX_OPS < 3 * 8 * (m + 1) and m + 1 <= MAX_MICROBATCHES
+    result, _ = run_cli(["problem", "-p", "8", "-m", str(m), "-o", "at.json"], tmp_path)
     assert result.returncode == 0, result.stderr
     result, _ = run_cli(["solve", "at.json", "--method", "1f1b", "-o", "s.json"], tmp_path)
     assert result.returncode == 0, result.stderr
-    assert len(load_schedule(tmp_path / "s.json").order()[0]) == 2 * m  # checked by the validator on load
+    assert len(load_schedule(tmp_path / "s.json").order()[0]) == 2 * m  # F and BW per microbatch; validated on load
     over = [
-        (["-p", "2", "-m", str(m + 1)], f"= {6 * (m + 1)} ops is more than the {MAX_OPS}"),
+        (["-p", "8", "-m", str(m + 1)], f"= {24 * (m + 1)} ops is more than the {MAX_OPS}"),
         (["-p", str(MAX_DEVICES + 1), "-m", "1"], f"{MAX_DEVICES + 1} is more than the {MAX_DEVICES}"),
         (["-p", "1", "-m", str(MAX_MICROBATCHES + 1)], f"{MAX_MICROBATCHES + 1} is more than the {MAX_MICROBATCHES}"),
         (["-p", "1", "-m", "1", "--placement", f"interleaved:{MAX_STAGES + 1}"], f"more than the {MAX_STAGES} stages"),

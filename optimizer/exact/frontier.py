@@ -134,21 +134,28 @@ def pareto(
 
     for limit in values:
         try:
-            schedule = solve(_with_limit(problem, limit), "auto", options, watch)
-        except PipeschedError as error:
-            point = ParetoPoint(limit, False, note=str(error))
+            point = _solve_point(problem, limit, options, watch)
         except KeyboardInterrupt:  # before this limit had any schedule: the points so far stand
             interrupted = True
             break
-        else:
-            m = schedule.metrics
-            point = ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
         points.append(point)
-        if on_point is not None:
-            on_point(point)
+        try:
+            if on_point is not None:
+                on_point(point)
+        except KeyboardInterrupt:  # while reporting a solved point: it stands
+            interrupted = True
         if interrupted:  # this limit's best so far is kept; the sweep ends here
             break
     return ParetoCurve(points, generators, options.time_limit, unlimited.model_dump(mode="json"), interrupted)
+
+
+def _solve_point(problem: Problem, limit: float, options: SolveOptions, on_progress: Callable[[Progress], None]) -> ParetoPoint:
+    try:
+        schedule = solve(_with_limit(problem, limit), "auto", options, on_progress)
+    except PipeschedError as error:
+        return ParetoPoint(limit, False, note=str(error))
+    m = schedule.metrics
+    return ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
 
 
 def plot_pareto(curve: ParetoCurve, path: str | Path) -> None:
