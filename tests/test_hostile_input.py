@@ -9,7 +9,7 @@ just over, and Ctrl-C during solve (CBC and auto), pareto and run.
 
 Cases that read files or options run in batches, each batch one `pipesched` process that
 calls the console entry's `run_app` once per case with its own stderr; cases that need
-their own environment or torch (run, profile) get a process each. Batches and processes
+their own environment or load a user model (torch) get a process each. Batches and processes
 run in parallel threads, to keep the file near a minute and a half on two cores.
 """
 
@@ -293,7 +293,8 @@ BATCHES = 3
 
 
 def _own_process(case: Case) -> bool:
-    return bool(case.env) or case.args[0] in ("run", "profile")
+    # Its own environment, or a user model: torch loads and a rank server starts.
+    return bool(case.env) or any(arg.endswith("_model:build_stages") for arg in case.args)
 
 
 @pytest.fixture(scope="module")
