@@ -74,7 +74,7 @@ def main() -> None:
                 ("validate", None, ["validate", schedule]),
                 ("show svg", None, ["show", schedule, "-o", picture]),
             ]
-            stages = None
+            stages = 0
             for command, time_limit, argv in steps:
                 code, seconds, last = cli(*argv)
                 if command == "problem":
