@@ -13,6 +13,7 @@ is written through, never replaced. `check_outputs` refuses bad paths before any
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -203,6 +204,12 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
             raise InputError(f"{path}: folder {path.parent} does not exist")
         if not os.access(folder, os.W_OK | os.X_OK):
             raise InputError(f"{path}: folder {path.parent} is not writable")
+        try:  # access() says yes to root everywhere: try it, as the write will
+            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot write in {path.parent} ({exc.strerror or exc.__class__.__name__})") from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def _umask() -> int:
@@ -237,15 +244,17 @@ def write_outputs(outputs: Sequence[tuple[str | Path, str]]) -> None:
     try:
         for current in staged:
             try:
-                mode = current.target.stat().st_mode
+                info: os.stat_result | None = current.target.stat()
             except FileNotFoundError:
-                mode = None
-            if mode is not None and _write_through(mode):
+                info = None
+            if info is not None and _write_through(info.st_mode):
                 continue
-            keep = stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask()
+            keep = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
             fd, current.tmp = tempfile.mkstemp(prefix=f".{current.target.name}.", suffix=".tmp", dir=current.target.parent)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 os.fchmod(handle.fileno(), keep)
+                if info is not None and os.geteuid() == 0 and (info.st_uid, info.st_gid) != (0, 0):
+                    os.fchown(handle.fileno(), info.st_uid, info.st_gid)  # root rewriting a user's file keeps it theirs
                 handle.write(current.text)
                 handle.flush()
                 os.fsync(handle.fileno())  # a full disk shows here, before anything is replaced
@@ -258,6 +267,8 @@ def write_outputs(outputs: Sequence[tuple[str | Path, str]]) -> None:
                 current.tmp = None
     except OSError as exc:
         name = current.path if current is not None else "output"
+        if exc.errno == errno.ENXIO:
+            raise InputError(f"{name}: a FIFO that no process reads") from None
         raise InputError(f"{name}: cannot write ({exc.strerror or exc.__class__.__name__})") from None
     finally:
         for s in staged:

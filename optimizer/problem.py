@@ -23,15 +23,15 @@ _SUM_TOLERANCE = 1e-6
 PLACEMENTS = ("linear", "interleaved:V", "vshape")
 
 # Magnitude of any time or memory value: sums over every op of a problem at the size
-# limit (5e4 ops) stay far below float overflow and exact integer ticks (timescale).
+# limit (5e4 ops) stay far below float overflow (1.8e308).
 MAX_VALUE = 1e12
 
 # The size contract (README, "Size limits"): what every command handles within its
 # time limit on a 2-core machine. At MAX_OPS, `solve --time-limit 2` returns in about
 # 4 s (loading, known schedules and writing the file come on top of the limit).
-MAX_DEVICES = 1024
-MAX_MICROBATCHES = 16384
-MAX_STAGES = 4096
+MAX_DEVICES = 256  # at 1024 devices, solve --time-limit 2 took 12 s (the known schedules, per device)
+MAX_MICROBATCHES = 4096  # the memory-aware lower bound is quadratic in microbatches: 5 s at 8333
+MAX_STAGES = 1024  # the lower bound and the generators grow faster than linearly in stages
 MAX_OPS = 50_000  # 3 ops (F, B, W) per stage and microbatch
 
 # Strict numbers: "2" or true are not numbers, 2.0 is not a count; NaN and +-Infinity are

@@ -45,6 +45,16 @@ def _start_rank_server() -> None:
         rank_context()
 
 
+def _require_torch(command: str) -> None:
+    """One line naming the extra to install when torch is missing (pipesched alone is the optimizer)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as error:
+        raise InputError(
+            f"{command}: needs torch ({error}); install it with pip install 'pipesched[runtime]' (GPU: your CUDA build of torch first, see README)"
+        ) from None
+
+
 def _check_options(timeout: float, backend: str, threads: int | None) -> None:
     finite_option("--timeout", timeout, low=_MIN_TIMEOUT, high=_MAX_TIMEOUT)
     if backend not in ("gloo", "nccl"):
@@ -70,7 +80,7 @@ def with_debug(command):
 
 
 def _world_size(default: int) -> int:
-    from runtime.launch import torchrun_world, under_torchrun
+    from runtime.environment import torchrun_world, under_torchrun
 
     return torchrun_world()[1] if under_torchrun() else default
 
@@ -93,13 +103,9 @@ def run(
     ),
 ) -> None:
     """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
-    with interrupts_deferred():
-        _start_rank_server()
-        from optimizer.schedule import load_schedule
-        from runtime.launch import launch, run_here, under_torchrun
-        from runtime.models import load_model
-        from runtime.plan import build_plans
-        from runtime.worker import CheckError
+    # Options, environment and the schedule are checked before torch loads.
+    from optimizer.schedule import load_schedule
+    from runtime.plan import build_plans
 
     _check_options(timeout, backend, threads)
     schedule = load_schedule(schedule_file, check=False)
@@ -110,6 +116,13 @@ def run(
         if str(error).startswith(f"{schedule_file}:"):
             raise
         raise InputError(f"{schedule_file}: {error}") from None
+    with interrupts_deferred():
+        _start_rank_server()
+        _require_torch("run")
+        from runtime.launch import launch, run_here, under_torchrun
+        from runtime.models import load_model
+        from runtime.worker import CheckError
+
     load_model(model, schedule.problem.num_stages, schedule.problem)  # a bad model name fails here, once
     job = run_job(engine, schedule.to_json(), str(schedule_file), model, steps=steps, check=check, timeout_s=timeout)
     summary = run_here(job, backend, threads) if under_torchrun() else launch(job, world_size, backend, threads, debug)
@@ -182,13 +195,9 @@ def profile(
     Memory is the activations a device holds for backward, in GiB: leave out the weights
     and optimizer state when you pick --memory-limit.
     """
-    with interrupts_deferred():
-        _start_rank_server()
-        from optimizer.io import check_outputs, validate_model, write_json_atomic
-        from optimizer.problem import Problem, check_size, placement_devices
-        from runtime.launch import launch, run_here, under_torchrun
-        from runtime.models import load_model
-        from runtime.profile import ProfileJob
+    # Options, environment and the output path are checked before torch loads.
+    from optimizer.io import check_outputs, validate_model, write_json_atomic
+    from optimizer.problem import Problem, check_size, placement_devices
 
     _check_options(timeout, backend, threads)
     finite_option("--memory-limit", memory_limit)
@@ -200,6 +209,13 @@ def profile(
     check_outputs([output])
     if _world_size(devices) != devices:
         raise InputError(f"devices: {devices}, but torchrun started {os.environ['WORLD_SIZE']} ranks")
+    with interrupts_deferred():
+        _start_rank_server()
+        _require_torch("profile")
+        from runtime.launch import launch, run_here, under_torchrun
+        from runtime.models import load_model
+        from runtime.profile import ProfileJob
+
     load_model(model, num_stages)
     job = ProfileJob(model, devices, microbatches, placement, steps=steps, timeout_s=timeout)
     result = run_here(job, backend, threads) if under_torchrun() else launch(job, devices, backend, threads, debug)

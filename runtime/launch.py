@@ -30,7 +30,10 @@ import torch
 import torch.distributed as dist
 
 from optimizer.errors import InputError, PipeschedError
+from runtime.environment import environment_int, torchrun_world, under_torchrun
 from runtime.forkserver import rank_context
+
+__all__ = ["LaunchError", "launch", "run_here", "torchrun_world", "under_torchrun"]
 
 # How long the other ranks may take to fail on their own after one rank failed.
 _GRACE_SECONDS = 5.0
@@ -49,34 +52,6 @@ class Job(Protocol):
     def timeout_s(self) -> float: ...  # read-only: jobs are frozen dataclasses
 
     def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None: ...
-
-
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def _environment_int(name: str, default: int | None = None) -> int:
-    text = os.environ.get(name)
-    if text is None and default is not None:
-        return default
-    try:
-        return int(text or "")
-    except ValueError:
-        raise InputError(f"{name}: '{text}' is not an integer (set by torchrun)") from None
-
-
-def torchrun_world() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment, refused when inconsistent."""
-    world_size = _environment_int("WORLD_SIZE")
-    rank = _environment_int("RANK")
-    local_rank = _environment_int("LOCAL_RANK", rank)
-    if world_size < 1:
-        raise InputError(f"WORLD_SIZE: {world_size} is not a positive number of ranks")
-    if not 0 <= rank < world_size:
-        raise InputError(f"RANK: {rank} is out of range for WORLD_SIZE {world_size}")
-    if not 0 <= local_rank < world_size:
-        raise InputError(f"LOCAL_RANK: {local_rank} is out of range for WORLD_SIZE {world_size}")
-    return rank, world_size, local_rank
 
 
 def default_threads(world_size: int) -> int:
@@ -134,7 +109,7 @@ def run_here(job: Job, backend: str = "gloo", threads: int | None = None) -> dic
     """Run `job` as one rank of a torchrun job; rank 0 gets the result."""
     rank, world_size, local_rank = torchrun_world()
     device = rank_device(backend, local_rank)
-    torch.set_num_threads(threads or default_threads(_environment_int("LOCAL_WORLD_SIZE", world_size)))
+    torch.set_num_threads(threads or default_threads(environment_int("LOCAL_WORLD_SIZE", world_size)))
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=job.timeout_s), device_id=_device_id(device))
     except (ValueError, RuntimeError) as error:  # e.g. MASTER_ADDR unset, or the rendezvous timed out

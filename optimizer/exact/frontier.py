@@ -1,13 +1,16 @@
 """Memory against speed: solve one problem under a sweep of memory limits.
 
 Each limit of LOW:HIGH:STEP is solved with `auto` (the time limit applies per point); every
-known schedule is placed beside the curve at the peak memory it needs. Limits below
-what one microbatch needs are reported as infeasible points, not errors.
+known schedule (those built within the share of one point's time that `solve` gives them)
+is placed beside the curve at the peak memory it needs. Limits below what one microbatch
+needs are reported as infeasible points, not errors. Ctrl-C ends the sweep: the limits
+solved so far are returned, the interrupted one with its best schedule so far.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +21,7 @@ from optimizer.errors import InfeasibleError, InputError, PipeschedError
 from optimizer.exact.api import solve
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.options import Progress, SolveOptions
+from optimizer.exact.portfolio import GENERATOR_SHARE
 from optimizer.io import describe_validation_error
 from optimizer.problem import MAX_VALUE, Problem
 
@@ -113,7 +117,9 @@ def pareto(
     options = options or SolveOptions(time_limit=10.0)
     values = parse_limits(limits) if isinstance(limits, str) else list(limits)
     unlimited = Problem.model_validate({**problem.model_dump(mode="json"), "memory_limit": None})
-    found, _ = generator_candidates(unlimited)
+    # The known schedules get the share of one limit's time that `solve` gives them: at
+    # the size limit, building all of them takes longer than a short time limit.
+    found, _ = generator_candidates(unlimited, deadline=time.monotonic() + GENERATOR_SHARE * options.time_limit)
     generators = [
         GeneratorPoint(c.name, max(c.schedule.metrics.peak_memory), c.schedule.makespan, c.schedule.metrics.bubble_ratio) for c in found
     ]
@@ -128,21 +134,28 @@ def pareto(
 
     for limit in values:
         try:
-            schedule = solve(_with_limit(problem, limit), "auto", options, watch)
-        except PipeschedError as error:
-            point = ParetoPoint(limit, False, note=str(error))
+            point = _solve_point(problem, limit, options, watch)
         except KeyboardInterrupt:  # before this limit had any schedule: the points so far stand
             interrupted = True
             break
-        else:
-            m = schedule.metrics
-            point = ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
         points.append(point)
-        if on_point is not None:
-            on_point(point)
+        try:
+            if on_point is not None:
+                on_point(point)
+        except KeyboardInterrupt:  # while reporting a solved point: it stands
+            interrupted = True
         if interrupted:  # this limit's best so far is kept; the sweep ends here
             break
     return ParetoCurve(points, generators, options.time_limit, unlimited.model_dump(mode="json"), interrupted)
+
+
+def _solve_point(problem: Problem, limit: float, options: SolveOptions, on_progress: Callable[[Progress], None]) -> ParetoPoint:
+    try:
+        schedule = solve(_with_limit(problem, limit), "auto", options, on_progress)
+    except PipeschedError as error:
+        return ParetoPoint(limit, False, note=str(error))
+    m = schedule.metrics
+    return ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
 
 
 def plot_pareto(curve: ParetoCurve, path: str | Path) -> None:
