@@ -340,6 +340,10 @@ def pareto(
     finite_option("--threads", threads, high=MAX_THREADS)
     values = parse_limits(limits)
     check_outputs([output, plot], [problem_file])
+    if plot is not None:
+        from optimizer.exact.frontier import require_matplotlib
+
+        require_matplotlib("--plot")
     loaded = load_problem(problem_file)
     err = Console(stderr=True, highlight=False)
 

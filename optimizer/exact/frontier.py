@@ -178,6 +178,14 @@ def pareto_svg(curve: ParetoCurve) -> str:
     return buffer.getvalue()
 
 
+def require_matplotlib(option: str) -> None:
+    """One line naming the extra to install when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise InputError(f"{option}: needs matplotlib ({error}); install it with pip install 'pipesched[plot]'") from None
+
+
 def pareto_figure(curve: ParetoCurve):
     """The matplotlib figure of `plot_pareto` (Agg backend, no display needed)."""
     import matplotlib
