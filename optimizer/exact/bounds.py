@@ -50,9 +50,11 @@ def _durations(problem: Problem) -> dict[str, tuple[float, ...]]:
     return {"F": t.forward, "B": t.backward_input, "W": t.backward_weight}
 
 
-def _comm(problem: Problem, a: int, b: int) -> float:
+def _links(problem: Problem) -> list[float]:
+    """Transfer time after each stage's forward (0 after the last, or to the same device)."""
     device = problem.tables().device
-    return problem.comm_time if device[a] != device[b] else 0.0
+    S = problem.num_stages
+    return [problem.comm_time if s + 1 < S and device[s] != device[s + 1] else 0.0 for s in range(S)]
 
 
 def heads(problem: Problem, memory_aware: bool, origin: int = 0, memory_device: int | None = None) -> dict[str, list[list[float]]]:
@@ -71,7 +73,7 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0, memory_device: 
     t = problem.tables()
     S, m = problem.num_stages, problem.num_microbatches
     dur = _durations(problem)
-    comm = [_comm(problem, s, s + 1) if s + 1 < S else 0.0 for s in range(S)]
+    comm = _links(problem)
     if origin > 0:
         dur = dict(dur, F=tuple(0.0 if s < origin else v for s, v in enumerate(dur["F"])))
         comm = [0.0 if s < origin else v for s, v in enumerate(comm)]
@@ -134,7 +136,7 @@ def tails(problem: Problem) -> dict[str, list[list[float]]]:
     """Least work that must follow the end of every op before the schedule can end."""
     S, m = problem.num_stages, problem.num_microbatches
     dur = _durations(problem)
-    comm = [_comm(problem, s, s + 1) if s + 1 < S else 0.0 for s in range(S)]
+    comm = _links(problem)
     tail = {k: [[0.0] * m for _ in range(S)] for k in ("F", "B", "W")}
     F, B, W = tail["F"], tail["B"], tail["W"]
     for i in reversed(range(m)):
@@ -220,7 +222,7 @@ def device_tails(problem: Problem, device: int) -> dict[str, list[list[float]]]:
     S, m = problem.num_stages, problem.num_microbatches
     dur = _durations(problem)
     on_device = [d == device for d in problem.tables().device]
-    comm = [_comm(problem, s, s + 1) if s + 1 < S else 0.0 for s in range(S)]
+    comm = _links(problem)
     none = -math.inf
     tail = {k: [[none] * m for _ in range(S)] for k in ("F", "B", "W")}
     F, B, W = tail["F"], tail["B"], tail["W"]
