@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -28,6 +28,12 @@ from optimizer.errors import InputError, PipeschedError
 from optimizer.io import check_outputs, json_text, one_line, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, uniform_problem
 from optimizer.schedule import Schedule, load_schedule, save_schedule
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+    from rich.live import Live
+
+    from optimizer.exact.options import Progress
 
 app = typer.Typer(
     name="pipesched",
@@ -62,7 +68,7 @@ def user_errors(command: Command) -> Command:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(INTERRUPTED) from None
 
-    return wrapper
+    return cast(Command, wrapper)
 
 
 # Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
@@ -270,10 +276,10 @@ class _ProgressLine:
 
         self.quiet = quiet
         self.console = Console(stderr=True, highlight=False)
-        self.last = None
+        self.last: Progress | None = None
         self.interrupted = False
-        self.live = None
-        self.began = None
+        self.live: Live | None = None
+        self.began = 0.0
         self.printed_at = -1.0
 
     def __enter__(self) -> _ProgressLine:
@@ -283,8 +289,9 @@ class _ProgressLine:
 
         self.began = time.monotonic()
         if not self.quiet and self.console.is_terminal:
-            self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4, transient=True)
-            self.live.__enter__()
+            live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4, transient=True)
+            live.__enter__()
+            self.live = live
         return self
 
     def __exit__(self, *exc) -> None:
@@ -425,7 +432,7 @@ def print_comparison(rows: list[dict], title: str) -> None:
         ("peak memory", "right"),
         ("fits limit", "center"),
     ):
-        table.add_column(column, justify=justify)
+        table.add_column(column, justify=cast("JustifyMethod", justify))
     for row in rows:
         if row["makespan"] is None:
             table.add_row(row["method"], "-", "-", "-", "[red]no[/red]")

@@ -75,9 +75,9 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
                 peak, ops_over = max(peak, usage), ops_over + 1
             previous = op
         if first_over is not None:
-            op, held = first_over
+            over_op, held = first_over
             violations.append(
-                f"memory: device {d} holds {held:g} > limit {limit:g} after {op} (peak {peak:g}; over the limit after {ops_over} op(s))"
+                f"memory: device {d} holds {held:g} > limit {limit:g} after {over_op} (peak {peak:g}; over the limit after {ops_over} op(s))"
             )
     return violations
 

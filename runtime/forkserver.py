@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-from multiprocessing.context import BaseContext
+from multiprocessing.context import ForkServerContext
 
 
-def rank_context() -> BaseContext:
+def rank_context() -> ForkServerContext:
     """The forkserver context, its server started (and importing the runtime) at first use."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["runtime.launch"])

@@ -101,7 +101,9 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
                 process.join()
         reports = [_read(Path(results) / f"rank{rank}.pickle") for rank in range(world_size)]
     if all(report and report["ok"] for report in reports) and not stopped:
-        return reports[0]["result"]
+        first = reports[0]
+        assert first is not None
+        return first["result"]
     raise _failure(processes, reports, stopped)
 
 
