@@ -33,6 +33,7 @@ must fit, so the least workable limit is its peak on each device,
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -112,6 +113,10 @@ def check_memory_feasible(problem: Problem) -> None:
         f"memory_limit: no schedule fits ({details}{more}); the smallest limit that fits is {max(needs):.6g}"
         + ("" if len(set(needs)) == 1 else " (per device: " + ", ".join(f"{v:.6g}" for v in needs) + ")")
     )
+
+
+def _oldest_first(stage_microbatch: tuple[int, int]) -> tuple[int, int]:
+    return stage_microbatch[1], -stage_microbatch[0]
 
 
 def _op_time(tables, op: Op) -> float:
@@ -259,6 +264,7 @@ class _ListScheduler:
         # Room for one microbatch's forwards on the device's other stages (reserve "one").
         self.reserve_one = [sum(t.mem_forward[s] for s in stages[1:]) for stages in self.stages_on]
         self.in_flight_cap = [self._in_flight_cap(d) for d in range(self.p)]
+        self.capping = any(cap is not None for cap in self.in_flight_cap)
         self.entered = [0] * self.p  # microbatches that ran their F on the device's first stage
         self.left = [0] * self.p  # ... and their B there
         self.last_kind = ["B"] * self.p  # F or B, for the "alternate" priority
@@ -321,7 +327,10 @@ class _ListScheduler:
             self.next_b[s] += 1
             if s == self.first_stage[d]:
                 self.left[d] += 1
-            self.weights[d].append((s, i))
+            if self.policy.w_order == "oldest":
+                bisect.insort(self.weights[d], (s, i), key=_oldest_first)
+            else:
+                self.weights[d].append((s, i))
             if s > 0:
                 self._arrive(self.arrive_b, s - 1, i, end + (self.comm if self.device[s - 1] != d else 0.0))
         else:
@@ -401,7 +410,10 @@ class _ListScheduler:
         ready = [
             (s, self.next_f[s])
             for s in self.stages_on[d]
-            if self.next_f[s] < self.m and self.arrive_f[s][self.next_f[s]] <= now and not self._throttled(s) and not self._capped(d, s)
+            if self.next_f[s] < self.m
+            and self.arrive_f[s][self.next_f[s]] <= now
+            and not self._throttled(s)
+            and not (self.capping and self._capped(d, s))
         ]
         if not ready:
             return None, False
@@ -440,8 +452,6 @@ class _ListScheduler:
     def _weight(self, d: int) -> Op | None:
         """The first queued W that fits; only a W that allocates can be refused."""
         queue, t = self.weights[d], self.tables
-        if self.policy.w_order == "oldest" and len(queue) > 1:
-            queue = self.weights[d] = deque(sorted(queue, key=lambda si: (si[1], -si[0])))
         for k, (s, i) in enumerate(queue):
             if self.memory[d].allows_weight(i, t.mem_backward_weight[s]):
                 del queue[k]
