@@ -293,7 +293,7 @@ class _ListScheduler:
                 # Every device idles with nothing in flight: only a heuristic wait can
                 # cause that; drop the heuristics (memory safety alone always progresses).
                 if stalled_at == self.remaining:
-                    raise RuntimeError(f"greedy stalled with {self.remaining} ops left (memory invariant broken)")
+                    raise RuntimeError(f"list engine stalled with {self.remaining} ops left (memory invariant broken)")
                 stalled_at = self.remaining
                 self.relaxed = True
                 now = max(self.free_at)
