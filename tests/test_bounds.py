@@ -47,9 +47,7 @@ def valid_schedules(problem: Problem) -> list:
     """The generators' and the first list policies' schedules that fit the limit."""
     schedules = [c.schedule for c in generator_candidates(problem)[0] if c.fits]
     for policy in policies()[:4]:
-        orders = list_schedule(problem, policy)
-        if orders is not None:
-            schedules.append(simulate(problem, orders))
+        schedules.append(simulate(problem, list_schedule(problem, policy)))
     return [s for s in schedules if s.fits_memory()]
 
 

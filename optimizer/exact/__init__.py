@@ -12,7 +12,7 @@ import importlib
 _EXPORTS = {
     "solve": "optimizer.exact.api",
     "METHODS": "optimizer.exact.api",
-    "check_memory_feasible": "optimizer.exact.api",
+    "check_memory_feasible": "optimizer.schedules.listengine",
     "plot_pareto": "optimizer.exact.frontier",
     "pareto_svg": "optimizer.exact.frontier",
     "parse_limits": "optimizer.exact.frontier",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
-from optimizer.errors import InfeasibleError, InputError
+from optimizer.errors import InputError
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
@@ -23,24 +23,10 @@ from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.exact.tracker import Tracker
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
+from optimizer.schedules.listengine import check_memory_feasible
 from optimizer.simulate import simulate, simulate_times
 
 METHODS = ("auto", "cpsat", "milp")
-
-
-def check_memory_feasible(problem: Problem) -> None:
-    """Raise InfeasibleError, naming the smallest limit that fits, when a device cannot hold one microbatch."""
-    needs = problem.min_memory_limit()
-    limits = problem.tables().limit
-    short = [d for d, (need, limit) in enumerate(zip(needs, limits)) if limit < need * (1 - 1e-9)]
-    if not short:
-        return
-    details = ", ".join(f"device {d} needs {needs[d]:.6g} > limit {limits[d]:.6g}" for d in short[:4])
-    more = f" and {len(short) - 4} more" if len(short) > 4 else ""
-    raise InfeasibleError(
-        f"memory_limit: no schedule fits ({details}{more}); the smallest limit that fits is {max(needs):.6g}"
-        + ("" if len(set(needs)) == 1 else " (per device: " + ", ".join(f"{v:.6g}" for v in needs) + ")")
-    )
 
 
 def solve(

@@ -61,11 +61,9 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
         # spent, a list schedule (as slow as a simulation) would overrun a short limit.
         if tracker.best is not None and (tracker.left() <= 0 or tracker.elapsed() >= GENERATOR_SHARE * tracker.time_limit):
             break
-        orders = list_schedule(problem, policy)
-        if orders is not None:
-            c = candidate(problem, str(policy), orders)
-            found.append(c)
-            tracker.offer(c.schedule, c.name)
+        c = candidate(problem, str(policy), list_schedule(problem, policy))
+        found.append(c)
+        tracker.offer(c.schedule, c.name)
     return found
 
 

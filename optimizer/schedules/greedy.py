@@ -1,106 +1,40 @@
-"""A memory-aware list scheduler for any problem, in the spirit of Zero Bubble's
-automatic scheduler (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 3.1).
+"""The `greedy` family: the list-scheduling engine (optimizer.schedules.listengine) run
+over a grid of policies, in the spirit of Zero Bubble's automatic scheduler (Qi et al.
+2024, "Zero Bubble Pipeline Parallelism", section 3.1); the order with the smallest
+makespan is kept.
 
-It simulates time itself: whenever a device is idle it picks, among the ops whose
-inputs have arrived, a B or an F (which first is a knob; B's shorten the critical
-backward chain, F's deepen the warm-up as far as memory allows), else a W filling the
-wait; a W is forced first when the F would not fit in memory. Knobs (see `Knobs`) add
-1F1B's warm-up profile (no device runs ahead of its upstream neighbour), ZB-H1's
-deferral of W's, and waits for inputs known to arrive soon. A small grid of knob
-settings is run and the order with the smallest makespan kept; the simulator retimes
-it (ASAP retiming never makes a fixed order slower).
-
-Works for heterogeneous stage times, per-device memory limits and any placement,
-custom included. Per stage, F's and B's run in microbatch order; each device runs its
-W's first in, first out.
-
-Memory safety, the reason it never deadlocks. On a device, call a microbatch live from
-its first F there until its last W there; live microbatches are admitted in microbatch
-order. Let h_j be the memory microbatch j holds on the device and P_j the most its
-remaining ops there can still add (`_DeviceMemory`). The scheduler keeps, for every
-live j,
-
-    sum of h_k over live k >= j  +  P_j  <=  limit.
-
-An op that allocates runs only if that still holds; ops that free always run. When j
-is the oldest unfinished microbatch of the whole problem, nothing older holds memory,
-so every op of j fits; its ops are also first in each stage's microbatch order, no
-heuristic wait ever holds them, and its W's are runnable, so it always progresses and
-the run always finishes. One microbatch alone must fit, so the least workable limit is
-its peak on each device, `Problem.min_memory_limit()`; below that no schedule exists
-and InfeasibleError says so.
+Works for any placement, heterogeneous stage times and per-device memory limits; never
+over the limit and never deadlocked for any limit from `Problem.min_memory_limit()` up
+(the engine's memory safety); below that InfeasibleError says so.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-from collections import deque
-from dataclasses import dataclass
-
-from optimizer.errors import InfeasibleError
-from optimizer.problem import Problem, one_microbatch_peaks
-from optimizer.schedule import Op, op_duration
+from optimizer.problem import Problem
+from optimizer.schedules.listengine import Policy, best_of
 from optimizer.schedules.registry import Generator, Orders, any_problem
 
-# Limits and memory deltas are floats that may be sums of profiled values.
-_REL_TOLERANCE = 1e-9
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """The choices the grid searches.
-
-    priority: when both an F and a B are ready, "backward" runs the B (shortens the
-        B chain), "forward" the F (deepens the warm-up), "alternate" the kind the device
-        did not run last (1F1B's steady state); "strict" alternates and also waits
-        for the due kind when it is known to arrive before the other op would end.
-    fill_w: what an idle device does with its pending W's: "always" runs one; "fit"
-        only when it ends before the next already-known arrival of an F or B; "defer"
-        keeps up to one W per stage upstream of the device pending (ZB-H1 keeps r on
-        device r), so that the B's that others wait on run back to back; "fit-defer"
-        runs one when over that quota or when it fits. Memory forces W's under every
-        policy.
-    hold_forward: leave the device idle rather than start an F that would still be
-        running when a known B arrives.
-    reserve: admit a new microbatch to a device (its first F there) only if every
-        microbatch live there keeps room for its next forward; keeps devices with
-        several stages from filling up with first-stage forwards while older
-        microbatches wait for their later stages (V-Min's point: short lifespans).
-    throttle: stage s keeps at most S-s microbatches in flight (F's done minus B's
-        done), 1F1B's warm-up profile (p-r on device r of a linear pipeline), so that
-        no device runs ahead of its upstream neighbour; otherwise every stage warms up
-        as deep as its memory allows.
-    """
-
-    priority: str = "alternate"
-    fill_w: str = "always"
-    hold_forward: bool = False
-    throttle: bool = True
-    reserve: bool = False
-
-
-# A covering subset of the full product (4 x 4 x 2 x 2): on 120 random problems
-# (linear, V, interleaved, custom; no, tight and 1F1B-sized memory) these reach the
-# full grid's best makespan to within 0.3%. The second is ZB-H1's own rule set (1F1B
-# alternation and warm-up, r W's kept on device r), which keeps the result at least as
-# good as ZB-H1 on linear pipelines with ZB-H1's memory.
+# A covering subset of the full product of priority x fill_w x hold_forward x throttle
+# (4 x 4 x 2 x 2): on 120 random problems (linear, V, interleaved, custom; no, tight and
+# 1F1B-sized memory) these reach the full grid's best makespan to within 0.3%. The
+# second is ZB-H1's own rule set (1F1B alternation and warm-up, r W's kept on device r),
+# which keeps the result at least as good as ZB-H1 on linear pipelines with ZB-H1's memory.
 GRID = (
-    Knobs("backward", "fit-defer", hold_forward=False, throttle=False),
-    Knobs("strict", "fit-defer", hold_forward=False, throttle=True),
-    Knobs("alternate", "fit-defer", hold_forward=False, throttle=True),
-    Knobs("strict", "fit-defer", hold_forward=False, throttle=False),
-    Knobs("strict", "fit", hold_forward=True, throttle=True),
-    Knobs("strict", "defer", hold_forward=True, throttle=True),
-    Knobs("forward", "always", hold_forward=False, throttle=False),
-    Knobs("strict", "always", hold_forward=True, throttle=False),
-    Knobs("forward", "fit", hold_forward=False, throttle=True),
+    Policy("backward", "fit-defer", hold_forward=False, throttle=False),
+    Policy("strict", "fit-defer", hold_forward=False, throttle=True),
+    Policy("alternate", "fit-defer", hold_forward=False, throttle=True),
+    Policy("strict", "fit-defer", hold_forward=False, throttle=False),
+    Policy("strict", "fit", hold_forward=True, throttle=True),
+    Policy("strict", "defer", hold_forward=True, throttle=True),
+    Policy("forward", "always", hold_forward=False, throttle=False),
+    Policy("strict", "always", hold_forward=True, throttle=False),
+    Policy("forward", "fit", hold_forward=False, throttle=True),
 )
 
 
 # Extra settings for devices holding several stages (V, interleaved, custom).
 MULTI_STAGE_GRID = tuple(
-    Knobs(priority, fill_w, hold_forward=False, throttle=False, reserve=True)
+    Policy(priority, fill_w, hold_forward=False, throttle=False, reserve="each")
     for priority in ("backward", "strict")
     for fill_w in ("always", "fit-defer")
 )
@@ -111,7 +45,7 @@ MULTI_STAGE_GRID = tuple(
 _FULL_GRID_OPS = 30_000
 
 
-def knob_grid(problem: Problem) -> tuple[Knobs, ...]:
+def policy_grid(problem: Problem) -> tuple[Policy, ...]:
     if problem.num_stages > problem.num_devices:
         grid = MULTI_STAGE_GRID + GRID  # usually best there: run first for a tight cutoff
     else:
@@ -122,365 +56,8 @@ def knob_grid(problem: Problem) -> tuple[Knobs, ...]:
     return grid[: max(len(MULTI_STAGE_GRID), len(grid) * _FULL_GRID_OPS // ops)]
 
 
-def check_memory_feasible(problem: Problem) -> None:
-    """Raise InfeasibleError naming the first device whose limit cannot hold one microbatch."""
-    tables = problem.tables()
-    for d, need in enumerate(problem.min_memory_limit()):
-        limit = tables.limit[d]
-        if limit < need - _REL_TOLERANCE * max(1.0, need):
-            raise InfeasibleError(
-                f"memory: device {d} limit {limit:g} is below {need:g}, the activations of one "
-                f"microbatch on its stages; the smallest limit that fits is {need:g}"
-            )
-
-
-def _op_time(tables, op: Op) -> float:
-    return op_duration(tables, op.kind, op.stage)
-
-
-class _DeviceMemory:
-    """The live microbatches of one device and the safety check of the module docstring.
-
-    For live j: `held` h_j, `steps` its F's and B's done, and its pending W's as
-    [sum of deltas, sum of allocating deltas, count]. Then
-    P_j = max(allocating pending, all pending + peaks[steps]) bounds what j can still
-    add, provided a B of j never runs while j has W's pending on the device; that rule
-    is only needed (`irregular`) where some B or W allocates.
-    """
-
-    def __init__(self, limit: float, peaks: list[float], ops_per_microbatch: int, irregular: bool, w_alloc_total: float):
-        self.tracking = math.isfinite(limit)  # with no limit there is nothing to check
-        self.limit = limit + _REL_TOLERANCE * max(1.0, abs(limit)) if self.tracking else limit
-        self.peaks = peaks
-        self.ops_per_microbatch = ops_per_microbatch
-        self.irregular = irregular
-        self.bound_p = max(peaks) + w_alloc_total  # no P_j exceeds this
-        self.used = 0.0
-        self.held_positive = 0.0  # sum of max(h_j, 0): bounds every suffix sum of h
-        self.live: deque[int] = deque()
-        self.held: dict[int, float] = {}
-        self.steps: dict[int, int] = {}
-        self.pending: dict[int, tuple[float, float, int]] = {}
-        self.left: dict[int, int] = {}
-
-    def future(self, mb: int) -> float:
-        w_sum, w_alloc, _ = self.pending.get(mb, (0.0, 0.0, 0))
-        return max(w_alloc, w_sum + self.peaks[self.steps.get(mb, 0)])
-
-    def admits(self, forwards: list[float]) -> bool:
-        """Could a new microbatch join while every live one keeps room for its next forward?
-
-        `forwards` are the device's F allocations in stage order."""
-        if not self.tracking:
-            return True
-        steps = len(forwards)
-        committed = self.used + sum(forwards[self.steps[j]] for j in self.live if self.steps[j] < steps)
-        return committed + forwards[0] <= self.limit
-
-    def pending_count(self, mb: int) -> int:
-        return self.pending.get(mb, (0.0, 0.0, 0))[2]
-
-    # An op is (delta, F/B step 0 or 1, change of the pending W's).
-    def allows_forward(self, mb: int, a: float) -> bool:
-        return self._allows(mb, a, 1, (0.0, 0.0, 0))
-
-    def allows_backward(self, mb: int, b: float, w: float) -> bool:
-        return self._allows(mb, b, 1, (w, max(0.0, w), 1))
-
-    def allows_weight(self, mb: int, w: float) -> bool:
-        return self._allows(mb, w, 0, (-w, -max(0.0, w), -1))
-
-    def apply_forward(self, mb: int, a: float) -> None:
-        self._apply(mb, a, 1, (0.0, 0.0, 0))
-
-    def apply_backward(self, mb: int, b: float, w: float) -> None:
-        self._apply(mb, b, 1, (w, max(0.0, w), 1))
-
-    def apply_weight(self, mb: int, w: float) -> None:
-        self._apply(mb, w, 0, (-w, -max(0.0, w), -1))
-
-    def _allows(self, mb: int, delta: float, step: int, change: tuple[float, float, int]) -> bool:
-        if delta <= 0.0 or not self.tracking:
-            return True  # freeing never breaks the invariant: every suffix sum shrinks
-        if self.held_positive + delta + self.bound_p <= self.limit:
-            return True
-        w_sum, w_alloc, _ = self.pending.get(mb, (0.0, 0.0, 0))
-        after = max(w_alloc + change[1], w_sum + change[0] + self.peaks[self.steps.get(mb, 0) + step])
-        older = 0.0
-        for j in self.live:
-            if j == mb:
-                break
-            if self.used - older + self.future(j) + delta > self.limit:
-                return False
-            older += self.held[j]
-        return self.used - older + delta + after <= self.limit
-
-    def _apply(self, mb: int, delta: float, step: int, change: tuple[float, float, int]) -> None:
-        if not self.tracking:
-            return
-        if mb not in self.held:
-            self.live.append(mb)
-            self.held[mb], self.steps[mb], self.left[mb] = 0.0, 0, self.ops_per_microbatch
-            self.pending[mb] = (0.0, 0.0, 0)
-        old = self.held[mb]
-        self.held[mb] = old + delta
-        self.held_positive += max(old + delta, 0.0) - max(old, 0.0)
-        self.used += delta
-        self.steps[mb] += step
-        w_sum, w_alloc, count = self.pending[mb]
-        self.pending[mb] = (w_sum + change[0], w_alloc + change[1], count + change[2])
-        self.left[mb] -= 1
-        if self.left[mb] == 0:
-            self.held_positive -= max(self.held.pop(mb), 0.0)
-            del self.steps[mb], self.left[mb], self.pending[mb]
-            self.live.remove(mb)
-
-
-class _Abandoned(Exception):
-    """A run that can no longer beat the cutoff it was given."""
-
-
-class _ListScheduler:
-    """One run of the event-driven list scheduler for one setting of the knobs.
-
-    With a `cutoff`, the run stops (raising _Abandoned) once some device's finish time,
-    or the current time for an idle device, plus its remaining work exceeds it: that
-    run cannot end sooner.
-    """
-
-    def __init__(self, problem: Problem, knobs: Knobs, cutoff: float = math.inf):
-        self.knobs = knobs
-        self.cutoff = cutoff
-        self.tables = t = problem.tables()
-        self.p, self.m, self.n = problem.num_devices, problem.num_microbatches, problem.num_stages
-        self.comm = problem.comm_time
-        self.device = t.device
-        self.stages_on = [problem.stages_on(d) for d in range(self.p)]
-        self.memory = [
-            _DeviceMemory(
-                t.limit[d],
-                one_microbatch_peaks(t, self.stages_on[d]),
-                3 * len(self.stages_on[d]),
-                any(t.mem_backward_input[s] > 0 or t.mem_backward_weight[s] > 0 for s in self.stages_on[d]),
-                sum(max(0.0, t.mem_backward_weight[s]) for s in self.stages_on[d]),
-            )
-            for d in range(self.p)
-        ]
-        inf = math.inf
-        self.arrive_f = [[0.0 if s == 0 else inf] * self.m for s in range(self.n)]
-        self.arrive_b = [[inf] * self.m for _ in range(self.n)]
-        self.next_f = [0] * self.n
-        self.next_b = [0] * self.n
-        self.weights: list[deque[tuple[int, int]]] = [deque() for _ in range(self.p)]
-        self.free_at = [0.0] * self.p
-        self.w_quota = [min(self.stages_on[d]) for d in range(self.p)]
-        self.forward_alloc = [[t.mem_forward[s] for s in self.stages_on[d]] for d in range(self.p)]
-        self.last_kind = ["B"] * self.p  # F or B, for the "alternate" priority
-        self.orders: Orders = [[] for _ in range(self.p)]
-        self.remaining = 3 * self.n * self.m
-        self.work_left = [
-            self.m * sum(t.forward[s] + t.backward_input[s] + t.backward_weight[s] for s in self.stages_on[d]) for d in range(self.p)
-        ]
-        self.wakes: list[tuple[float, int]] = [(0.0, d) for d in range(self.p)]
-        self.relaxed = False  # set if the heuristics ever idled every device (a safety net)
-        self.makespan = 0.0
-
-    # -- running ---------------------------------------------------------------------
-
-    def run(self) -> Orders:
-        stalled_at = -1
-        while self.remaining:
-            if not self.wakes:
-                # Every device idles with nothing in flight: only a heuristic wait can
-                # cause that; drop the heuristics (memory safety alone always progresses).
-                if stalled_at == self.remaining:
-                    raise RuntimeError(f"greedy stalled with {self.remaining} ops left (memory invariant broken)")
-                stalled_at = self.remaining
-                self.relaxed = True
-                now = max(self.free_at)
-                self.wakes = [(now, d) for d in range(self.p)]
-            time, d = heapq.heappop(self.wakes)
-            if self.free_at[d] > time:
-                continue
-            if time + self.work_left[d] > self.cutoff:
-                raise _Abandoned
-            op = self._choose(d, time)
-            if op is not None:
-                self._commit(d, op, time)
-        return self.orders
-
-    def _commit(self, d: int, op: Op, start: float) -> None:
-        t, s, i = self.tables, op.stage, op.microbatch
-        memory = self.memory[d]
-        if op.kind == "F":
-            end = start + t.forward[s]
-            memory.apply_forward(i, t.mem_forward[s])
-            self.next_f[s] += 1
-            if s + 1 < self.n:
-                self._arrive(self.arrive_f, s + 1, i, end + (self.comm if self.device[s + 1] != d else 0.0))
-            else:
-                self.arrive_b[s][i] = end
-        elif op.kind == "B":
-            end = start + t.backward_input[s]
-            memory.apply_backward(i, t.mem_backward_input[s], t.mem_backward_weight[s])
-            self.next_b[s] += 1
-            self.weights[d].append((s, i))
-            if s > 0:
-                self._arrive(self.arrive_b, s - 1, i, end + (self.comm if self.device[s - 1] != d else 0.0))
-        else:
-            end = start + t.backward_weight[s]
-            memory.apply_weight(i, t.mem_backward_weight[s])
-        self.work_left[d] -= end - start
-        if end + self.work_left[d] > self.cutoff:
-            raise _Abandoned
-        self.orders[d].append(op)
-        if op.kind != "W":
-            self.last_kind[d] = op.kind
-        self.free_at[d] = end
-        self.remaining -= 1
-        self.makespan = max(self.makespan, end)
-        heapq.heappush(self.wakes, (end, d))
-
-    def _arrive(self, table: list[list[float]], stage: int, mb: int, time: float) -> None:
-        table[stage][mb] = time
-        heapq.heappush(self.wakes, (time, self.device[stage]))
-
-    # -- choosing --------------------------------------------------------------------
-
-    def _choose(self, d: int, now: float) -> Op | None:
-        knobs, t = self.knobs, self.tables
-        backward, backward_blocked = self._ready_backward(d, now)
-        alternating = knobs.priority in ("alternate", "strict")
-        backward_first = knobs.priority == "backward" or (alternating and self.last_kind[d] == "F")
-        if backward is not None and backward_first:
-            return backward
-        forward, forward_blocked = self._ready_forward(d, now)
-        if knobs.priority == "strict" and not self.relaxed:
-            due = self._due_soon(d, now, backward if self.last_kind[d] == "B" else forward, self.last_kind[d])
-            if due:
-                return None  # the kind whose turn it is arrives before the other would end
-        if (forward_blocked or backward_blocked) and self.weights[d]:
-            weight = self._weight(d)  # forced: the op does not fit until a W frees memory
-            if weight is not None:
-                return weight
-        if forward is not None:
-            return forward
-        if backward is not None:
-            return backward
-        if not self.weights[d]:
-            return None
-        if self.relaxed or knobs.fill_w == "always" or not self._has_inputs_to_come(d):
-            return self._weight(d)
-        if "defer" in knobs.fill_w and len(self.weights[d]) > self.w_quota[d]:
-            return self._weight(d)
-        if "fit" in knobs.fill_w:
-            s, _ = self.weights[d][0]
-            if now + t.backward_weight[s] <= self._next_arrival(d, now):
-                return self._weight(d)
-        return None  # wait: keep the W for later, an input is coming
-
-    def _ready_backward(self, d: int, now: float) -> tuple[Op | None, bool]:
-        """The B to run now (oldest microbatch first), and whether one was refused for memory."""
-        best = None
-        for s in self.stages_on[d]:
-            i = self.next_b[s]
-            if i < self.m and self.arrive_b[s][i] <= now and (best is None or i < best.microbatch):
-                best = Op("B", s, i)
-        if best is not None:
-            s, i, memory = best.stage, best.microbatch, self.memory[d]
-            if memory.tracking and memory.irregular and memory.pending_count(i):
-                return None, True  # its own W's first (see _DeviceMemory)
-            if not memory.allows_backward(i, self.tables.mem_backward_input[s], self.tables.mem_backward_weight[s]):
-                return None, True
-        return best, False
-
-    def _ready_forward(self, d: int, now: float) -> tuple[Op | None, bool]:
-        """The F to run now, and whether a ready F was refused for memory."""
-        t, knobs, memory = self.tables, self.knobs, self.memory[d]
-        ready = [
-            (s, self.next_f[s])
-            for s in self.stages_on[d]
-            if self.next_f[s] < self.m and self.arrive_f[s][self.next_f[s]] <= now and not self._throttled(s)
-        ]
-        if not ready:
-            return None, False
-        ready.sort(key=lambda si: (si[1], -si[0]))  # oldest microbatch first, depth first
-        if knobs.hold_forward and not self.relaxed:
-            soonest_b = min((self.arrive_b[s][self.next_b[s]] for s in self.stages_on[d] if self.next_b[s] < self.m), default=math.inf)
-            if soonest_b < math.inf:
-                ready = [(s, i) for s, i in ready if now + t.forward[s] <= soonest_b]
-                if not ready:
-                    return None, False
-        blocked = False
-        for s, i in ready:
-            if knobs.reserve and i not in memory.held and not memory.admits(self.forward_alloc[d]):
-                blocked = True
-                continue
-            if memory.allows_forward(i, t.mem_forward[s]):
-                return Op("F", s, i), False
-            blocked = True
-        return None, blocked
-
-    def _throttled(self, s: int) -> bool:
-        # Never blocks the oldest unfinished microbatch: nothing is in flight before it.
-        return self.knobs.throttle and self.next_f[s] - self.next_b[s] >= self.n - s
-
-    def _weight(self, d: int) -> Op | None:
-        """The first queued W that fits; only a W that allocates can be refused."""
-        queue, t = self.weights[d], self.tables
-        for k, (s, i) in enumerate(queue):
-            if self.memory[d].allows_weight(i, t.mem_backward_weight[s]):
-                del queue[k]
-                return Op("W", s, i)
-        return None
-
-    def _due_soon(self, d: int, now: float, other: Op | None, last: str) -> bool:
-        """Is the op of the kind not run last missing now but known to arrive before `other` ends?"""
-        if other is None:
-            return False
-        table, nxt = (self.arrive_f, self.next_f) if last == "B" else (self.arrive_b, self.next_b)
-        end = now + _op_time(self.tables, other)
-        for s in self.stages_on[d]:
-            i = nxt[s]
-            if i < self.m and now < table[s][i] < end:
-                return True
-        return False
-
-    def _has_inputs_to_come(self, d: int) -> bool:
-        return any(self.next_b[s] < self.m for s in self.stages_on[d])
-
-    def _next_arrival(self, d: int, now: float) -> float:
-        soonest = math.inf
-        for s in self.stages_on[d]:
-            for table, nxt in ((self.arrive_f, self.next_f), (self.arrive_b, self.next_b)):
-                i = nxt[s]
-                if i < self.m and now < table[s][i] < soonest:
-                    soonest = table[s][i]
-        return soonest
-
-
-def schedule_with(problem: Problem, knobs: Knobs) -> tuple[Orders, float]:
-    """One list-scheduler run: the orders and the makespan of its own timing."""
-    scheduler = _ListScheduler(problem, knobs)
-    orders = scheduler.run()
-    return orders, scheduler.makespan
-
-
 def greedy(problem: Problem) -> Orders:
-    check_memory_feasible(problem)
-    best_orders: Orders | None = None
-    best = math.inf
-    for knobs in knob_grid(problem):
-        # A run that cannot beat the best so far by a relative 1e-12 stops early.
-        scheduler = _ListScheduler(problem, knobs, cutoff=best * (1 - 1e-12))
-        try:
-            orders = scheduler.run()
-        except _Abandoned:
-            continue
-        if scheduler.makespan < best:
-            best, best_orders = scheduler.makespan, orders
-    assert best_orders is not None
-    return best_orders
+    return best_of(problem, policy_grid(problem))[0]
 
 
 GENERATOR = Generator(
