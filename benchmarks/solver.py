@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.published import SETTINGS, Setting, published_problem
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import generator_candidates, objective_value
+from optimizer.io import write_json_atomic, write_text_atomic
 from optimizer.problem import Problem, placement_devices
 from optimizer.schedules import get_generator
 
@@ -305,7 +306,8 @@ def main_published(args: argparse.Namespace) -> None:
     time_limits = [float(t) for t in args.time_limits.split(",") if t.strip()]
     cases = [c for c in published_cases() if args.only in c.name]
     output = args.output or RESULTS / "published.json"
-    results = []
+    results: list[dict] = []
+    table = ""
     for case in cases:
         result = run_published_case(case, time_limits, args.seed)
         results.append(result)
@@ -316,13 +318,26 @@ def main_published(args: argparse.Namespace) -> None:
             f"gap {_pct(result['auto'][-1]['gap'])}",
             flush=True,
         )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"suite": "published", "time_limits": time_limits, "seed": args.seed, "only": args.only, "results": results}
-    output.write_text(json.dumps(payload, indent=1) + "\n")
-    table = published_markdown(results, time_limits)
-    output.with_suffix(".md").write_text(table)
+        # Saved after every case, so that a long run stopped early keeps what it measured.
+        table = _save_published(output, results, time_limits, args, complete=len(results) == len(cases))
     print()
     print(table)
+
+
+def _save_published(output: Path, results: list[dict], time_limits: list[float], args: argparse.Namespace, complete: bool) -> str:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "suite": "published",
+        "time_limits": time_limits,
+        "seed": args.seed,
+        "only": args.only,
+        "complete": complete,
+        "results": results,
+    }
+    write_json_atomic(output, payload)
+    table = published_markdown(results, time_limits)
+    write_text_atomic(output.with_suffix(".md"), table)
+    return table
 
 
 def _cores() -> int:
