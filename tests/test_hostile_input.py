@@ -32,6 +32,8 @@ from optimizer.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_OPS, MAX_STAGES
 from optimizer.schedule import load_schedule, save_schedule
 from optimizer.schedules import generate
 
+pytestmark = pytest.mark.slow  # about two minutes: a hundred CLI processes
+
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "import sys; from runtime.cli import main; sys.exit(main())"]
 # A hang guard, not a speed target: a case that blocks on a FIFO or runs a huge problem
@@ -280,6 +282,7 @@ BATCH_DRIVER = """
 import contextlib, io, json, sys, time
 from optimizer.cli import run_app
 from runtime.cli import app
+
 results = []
 for args in json.load(sys.stdin):
     err, out = io.StringIO(), io.StringIO()

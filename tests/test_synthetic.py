@@ -19,6 +19,8 @@ from runtime.models import load_model
 from runtime.stage import StageRunner
 from runtime.synthetic import MIB, SleepingStage
 
+pytestmark = pytest.mark.runtime
+
 runner = CliRunner()
 
 # ms per op, per stage: all different and 10 ms apart, so that a stage swap or a B/W
@@ -93,6 +95,7 @@ def test_each_op_sleeps_its_time_in_one_process():
         assert sorted(values)[len(values) // 2] < expected + HALF_GAP, (kind, stage, values)
 
 
+@pytest.mark.slow
 def test_profiling_the_synthetic_model_on_two_ranks_gives_back_its_times(tmp_path):
     source = tmp_path / "problem.json"
     source.write_text(json.dumps(problem().model_dump(mode="json")))

@@ -21,6 +21,8 @@ from optimizer.schedule import Op, Schedule, ScheduleError, save_schedule
 from optimizer.schedules import GENERATORS, generate
 from runtime.torch_orders import builtin_order_rows, builtin_schedule, builtin_schedules
 
+pytestmark = pytest.mark.runtime  # torch's own loader and validator
+
 runner = CliRunner()
 PLACEMENTS = ("linear", "interleaved:2", "interleaved:3", "vshape")
 SIZES = ((2, 4), (4, 8))

@@ -23,6 +23,8 @@ from runtime.cli import app
 from runtime.launch import launch
 from runtime.torch_engine import TorchRunJob
 
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+
 runner = CliRunner()
 
 
