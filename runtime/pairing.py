@@ -2,8 +2,10 @@
 
 NCCL matches the point-to-point transfers between two ranks by their order, on one
 stream for both directions (torch gives single isend/irecv one communicator and stream
-per rank pair): a transfer completes only once both ranks have issued it and every
-earlier transfer between them has completed. A transfer queued behind one the peer has
+per rank pair): the k-th transfer one rank issues with a peer pairs with the k-th the
+peer issues with it (tags are ignored; two sides that disagree pair wrong tensors), and
+it completes only once both have issued it and every earlier one between them has
+completed. A transfer queued behind one the peer has
 not reached yet waits for it; if that peer in turn waits for something behind this
 rank's wait, both hang. gloo matches by tag and would not notice, so the tests run this
 check for every schedule they run on gloo.
@@ -22,31 +24,37 @@ from runtime.plan import Message, RankPlan
 
 
 def pairing_deadlock(plans: list[RankPlan]) -> str | None:
-    """None when every rank finishes one step under order-matched transfers; else where
-    each stuck rank waits (its next op and the message it waits for)."""
+    """None when every rank finishes one step under order-matched transfers; else the
+    first pair of different messages matched with each other, or where each stuck rank
+    waits (its next op and the message it waits for)."""
     transfers = [op_transfers(plan) for plan in plans]
     orders = [IssueOrder(plan) for plan in plans]
     head = [0] * len(plans)  # next op per rank
-    issued: set[tuple[int, int]] = set()  # (rank, tag)
+    # What each rank issued with each peer, in issue order: NCCL pairs the k-th of one
+    # side with the k-th of the other, whatever the tags say.
+    issued: dict[tuple[int, int], list[Message]] = {(plan.rank, peer): [] for plan in plans for peer in plan.peer_messages}
     done: set[int] = set()  # tags of completed transfers
-    pair_order: dict[tuple[int, int], tuple[Message, ...]] = {}
-    for plan in plans:
-        for peer, messages in plan.peer_messages.items():
-            pair_order[(min(plan.rank, peer), max(plan.rank, peer))] = messages
-    pair_next = dict.fromkeys(pair_order, 0)  # index of the next transfer to complete
+    pairs = {(min(rank, peer), max(rank, peer)) for rank, peer in issued}
+    pair_next = dict.fromkeys(pairs, 0)  # index of the next transfer to complete
+    mismatches: list[str] = []
 
     def issue(rank: int, messages: list[Message]) -> None:
-        issued.update((rank, message.tag) for message in messages)
+        for message in messages:
+            issued[(rank, message.dst if message.src == rank else message.src)].append(message)
 
     def complete() -> bool:
         moved = False
-        for pair, messages in pair_order.items():
-            i = pair_next[pair]
-            while i < len(messages) and (pair[0], messages[i].tag) in issued and (pair[1], messages[i].tag) in issued:
-                done.add(messages[i].tag)
+        for low, high in pairs:
+            i = pair_next[(low, high)]
+            mine, theirs = issued[(low, high)], issued[(high, low)]
+            while i < len(mine) and i < len(theirs):
+                if mine[i] != theirs[i]:
+                    mismatches.append(f"ranks {low} and {high} pair {mine[i].describe()} with {theirs[i].describe()}")
+                    return False
+                done.add(mine[i].tag)
                 i += 1
                 moved = True
-            pair_next[pair] = i
+            pair_next[(low, high)] = i
         return moved
 
     def run() -> bool:
@@ -66,8 +74,10 @@ def pairing_deadlock(plans: list[RankPlan]) -> str | None:
         issue(rank, order.start())
     while complete() | run():
         pass
+    if mismatches:
+        return mismatches[0]
     stuck = [rank for rank, plan in enumerate(plans) if head[rank] < len(plan.ops)]
-    unfinished = [pair for pair, messages in pair_order.items() if pair_next[pair] < len(messages)]
+    unfinished = [pair for pair in sorted(pairs) if pair_next[pair] < len(plans[pair[0]].peer_messages[pair[1]])]
     if not stuck and not unfinished:
         return None
     parts = []
@@ -76,6 +86,6 @@ def pairing_deadlock(plans: list[RankPlan]) -> str | None:
         receive = transfers[rank][head[rank]].receive
         parts.append(f"rank {rank} at {op} waits for {receive.describe()}" if receive is not None else f"rank {rank} at {op}")
     for low, high in unfinished:
-        message = pair_order[(low, high)][pair_next[(low, high)]]
+        message = plans[low].peer_messages[high][pair_next[(low, high)]]
         parts.append(f"ranks {low} and {high} never complete {message.describe()} after their last ops")
     return "; ".join(parts)

@@ -51,6 +51,15 @@ def test_a_transfer_queued_behind_one_the_peer_has_not_reached_is_caught():
     assert "rank 1 at F(stage 1, mb 0) waits for activation for stage 1 mb 0" in found
 
 
+def test_two_sides_that_disagree_on_the_order_are_caught():
+    plans = build_plans(generate(uniform_problem(2, 2), "1f1b"), 2)
+    messages = plans[0].peer_messages[1]
+    first, second = (m for m in messages if m.src == 0)  # the two activations, mb 0 then mb 1
+    swapped = tuple(second if m == first else first if m == second else m for m in messages)
+    bad = [dataclasses.replace(plans[0], peer_messages={1: swapped}), plans[1]]  # rank 1 keeps the agreed order
+    assert pairing_deadlock(bad) == "ranks 0 and 1 pair activation for stage 1 mb 1 with activation for stage 1 mb 0"
+
+
 class _Work:
     def wait(self, timeout=None):
         return True
