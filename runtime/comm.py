@@ -1,13 +1,18 @@
 """Point-to-point transfers for one rank: issue in the plan's order, wait only when consumed.
 
-Per peer, messages are issued in the plan's global order (see runtime/plan.py): a
-receive as soon as every earlier message with that peer has been issued, a send as
-soon as its tensor exists and its turn has come. Sends never block the rank; a
-receive is waited for only by the op that consumes it, with a timeout, and a failure
-names the op, the peer and the microbatch on this rank rather than hanging.
+One path for every backend. With each peer, messages are issued one by one in the plan's
+global order (runtime/issue.py: a receive as soon as every earlier message with that
+peer has been issued, a send as soon as its tensor exists and its turn has come), each
+as its own isend/irecv. NCCL pairs them by that order, on one stream per rank pair;
+gloo also matches the tag; runtime/pairing.py replays the same rule to prove no transfer
+waits behind one its peer has not reached. Nothing is grouped with
+`batch_isend_irecv`: a wait there covers the whole group, which couples an activation
+needed now with one needed a pipeline round later (interleaved placements hang), and
+torch runs such groups on the rank's one collective stream, coupling peers too.
 
-On NCCL the transfers newly issued with one peer go out as one batch
-(`batch_isend_irecv`, one NCCL group); gloo takes plain isend/irecv matched by tag.
+Sends never block the rank; a receive is waited for only by the op that consumes it,
+with a timeout, and a failure names the op, the peer and the microbatch on this rank
+rather than hanging.
 """
 
 from __future__ import annotations
@@ -22,9 +27,8 @@ import torch.distributed as dist
 
 from optimizer.errors import PipeschedError
 from optimizer.schedule import Op
+from runtime.issue import IssueOrder
 from runtime.plan import ACTIVATION, Message, RankPlan
-
-Key = tuple[str, int, int]  # (kind, consuming stage, microbatch)
 
 
 class CommError(PipeschedError):
@@ -39,10 +43,6 @@ class TensorSpec:
     dtype: torch.dtype
 
 
-def _key(message: Message) -> Key:
-    return (message.kind, message.stage, message.microbatch)
-
-
 class P2P:
     """This rank's transfers for one step at a time."""
 
@@ -52,94 +52,62 @@ class P2P:
         outputs: list[TensorSpec],  # outputs[s]: what stage s returns (and its gradient)
         device: torch.device,
         timeout_s: float,
-        batched: bool,
     ):
         self.plan = plan
         self.outputs = outputs
         self.device = device
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.batched = batched
-        self._by_key = {_key(m): m for msgs in plan.peer_messages.values() for m in msgs}
-        self._cursor: dict[int, int] = {}
-        self._produced: dict[Key, torch.Tensor] = {}
-        self._receives: dict[Key, tuple[torch.Tensor, list]] = {}
+        self._order = IssueOrder(plan)
+        self._tensors: dict[int, torch.Tensor] = {}  # tag -> produced, not yet issued
+        self._receives: dict[int, tuple[torch.Tensor, list]] = {}  # tag -> (buffer, works)
         self._sends: list[tuple[list, torch.Tensor, Message]] = []
         self.wait_seconds = 0.0
 
     # ------------------------------------------------------------------ step boundaries
 
     def start_step(self) -> None:
-        self._cursor = {peer: 0 for peer in self.plan.peer_messages}
         self.wait_seconds = 0.0
-        self._advance(self.plan.peer_messages)
+        self._issue(self._order.start())
 
     def finish_step(self) -> None:
         """Wait for this step's sends, so their buffers can go and the next step starts clean."""
         for works, _, message in self._sends:
             self._wait(works, message, f"after its last op (sending {message.describe()})")
         self._sends.clear()
-        if self._receives or self._produced:
-            left = len(self._receives) + len(self._produced)
+        if self._receives or self._tensors or not self._order.finished():
+            left = len(self._receives) + len(self._tensors)
             raise CommError(f"rank {self.plan.rank}: the step ended with {left} transfers never consumed or sent")
 
     # ------------------------------------------------------------------ sends and receives
 
-    def send(self, kind: str, stage: int, microbatch: int, tensor: torch.Tensor) -> None:
-        message = self._by_key[(kind, stage, microbatch)]
-        self._produced[_key(message)] = tensor.detach().contiguous()
-        self._advance((message.dst,))
+    def send(self, message: Message, tensor: torch.Tensor) -> None:
+        self._tensors[message.tag] = tensor.detach().contiguous()
+        self._issue(self._order.produced(message))
 
-    def take(self, kind: str, stage: int, microbatch: int, op: Op) -> torch.Tensor:
-        key = (kind, stage, microbatch)
-        message = self._by_key[key]
-        if key not in self._receives:  # the plan guarantees it was issued; this is a bug guard
+    def take(self, message: Message, op: Op) -> torch.Tensor:
+        if message.tag not in self._receives:  # the issue order guarantees it was issued; this is a bug guard
             raise CommError(f"rank {self.plan.rank}: {op} needs {message.describe()}, which was never received")
-        buffer, works = self._receives.pop(key)
+        buffer, works = self._receives.pop(message.tag)
         start = time.perf_counter()
         self._wait(works, message, f"at {op}")
         self.wait_seconds += time.perf_counter() - start
-        self._advance((message.src,))
+        self._reap_sends()
         return buffer
 
     # ------------------------------------------------------------------ internals
 
-    def _advance(self, peers) -> None:
-        """Issue, per peer, every message whose turn has come."""
-        for peer in peers:
-            messages = self.plan.peer_messages[peer]
-            i = self._cursor[peer]
-            round_ops: list[tuple[dist.P2POp, Message]] = []
-            while i < len(messages):
-                message = messages[i]
-                key = _key(message)
-                if message.dst == self.plan.rank:
-                    spec = self.outputs[message.stage - 1 if message.kind == ACTIVATION else message.stage]
-                    buffer = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                    round_ops.append((dist.P2POp(dist.irecv, buffer, peer, tag=message.tag), message))
-                elif key in self._produced:
-                    tensor = self._produced.pop(key)
-                    round_ops.append((dist.P2POp(dist.isend, tensor, peer, tag=message.tag), message))
-                else:
-                    break
-                i += 1
-            self._cursor[peer] = i
-            self._issue(round_ops)
-        self._reap_sends()
-
-    def _issue(self, round_ops: list[tuple[dist.P2POp, Message]]) -> None:
-        if not round_ops:
-            return
-        if self.batched:
-            # One group per peer: a wait then couples only transfers with that peer.
-            works = dist.batch_isend_irecv([p2p for p2p, _ in round_ops])
-            per_op = [works] * len(round_ops)
-        else:
-            per_op = [[p2p.op(p2p.tensor, p2p.peer, tag=p2p.tag)] for p2p, _ in round_ops]
-        for (p2p, message), works in zip(round_ops, per_op):
-            if message.dst == self.plan.rank:
-                self._receives[_key(message)] = (p2p.tensor, works)
+    def _issue(self, messages: list[Message]) -> None:
+        """One isend/irecv per message, in the order given (the per-peer global order)."""
+        rank = self.plan.rank
+        for message in messages:
+            if message.dst == rank:
+                spec = self.outputs[message.stage - 1 if message.kind == ACTIVATION else message.stage]
+                buffer = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+                self._receives[message.tag] = (buffer, [dist.irecv(buffer, message.src, tag=message.tag)])
             else:
-                self._sends.append((works, p2p.tensor, message))
+                tensor = self._tensors.pop(message.tag)
+                self._sends.append(([dist.isend(tensor, message.dst, tag=message.tag)], tensor, message))
+        self._reap_sends()
 
     def _reap_sends(self) -> None:
         # Completed sends release their tensors early; the rest wait for finish_step.

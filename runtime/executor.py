@@ -18,9 +18,10 @@ import torch.nn as nn
 
 from optimizer.schedule import Op
 from runtime.comm import P2P
+from runtime.issue import op_transfers
 from runtime.memory import MemoryMeter
 from runtime.models import LossFn
-from runtime.plan import ACTIVATION, GRADIENT, RankPlan
+from runtime.plan import ACTIVATION, GRADIENT, Message, RankPlan
 from runtime.stage import StageRunner
 
 
@@ -63,6 +64,8 @@ class Executor:
         # Per-op timings on a GPU need the device idle at each boundary (profiling only).
         self.synchronize = synchronize and device.type == "cuda"
         self._handed: dict[tuple[str, int, int], torch.Tensor] = {}
+        # The same per-op transfers the pairing check replays (runtime/pairing.py).
+        self._transfers = op_transfers(plan)
 
     def run_step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], record: bool = False) -> StepResult:
         """Run this rank's ops for one step; `inputs`/`targets` are per microbatch."""
@@ -72,10 +75,10 @@ class Executor:
         timings: list[OpTiming] = []
         start = time.perf_counter()
         self.p2p.start_step()
-        for op in self.plan.ops:
+        for op, transfers in zip(self.plan.ops, self._transfers, strict=True):
             op_start = time.perf_counter()
             waited_before = self.p2p.wait_seconds
-            self._run(op, inputs, targets)
+            self._run(op, transfers.receive, transfers.send, inputs, targets)
             if self.synchronize:
                 torch.cuda.synchronize(self.device)
             if record:
@@ -89,30 +92,29 @@ class Executor:
         loss = self.runners[last].step_loss() if last in self.runners else None
         return StepResult(seconds, loss, timings)
 
-    def _run(self, op: Op, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
+    def _run(self, op: Op, receive: Message | None, send: Message | None, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
         runner = self.runners[op.stage]
         s, mb = op.stage, op.microbatch
         if op.kind == "F":
-            x = inputs[mb] if s == 0 else self._take(ACTIVATION, s, mb, op)
+            x = inputs[mb] if s == 0 else self._take(ACTIVATION, s, mb, op, receive)
             out = runner.forward(mb, x, targets[mb] if runner.last else None)
             if not runner.last:
-                self._give(ACTIVATION, s + 1, mb, out)
+                self._give(ACTIVATION, s + 1, mb, out, send)
         elif op.kind in ("B", "BW"):
-            grad = None if runner.last else self._take(GRADIENT, s, mb, op)
+            grad = None if runner.last else self._take(GRADIENT, s, mb, op, receive)
             grad_in = runner.backward_input(mb, grad) if op.kind == "B" else runner.backward_fused(mb, grad)
             if s > 0:
-                self._give(GRADIENT, s - 1, mb, grad_in)
+                self._give(GRADIENT, s - 1, mb, grad_in, send)
         else:
             runner.backward_weight(mb)
 
-    def _take(self, kind: str, stage: int, mb: int, op: Op) -> torch.Tensor:
-        source = stage - 1 if kind == ACTIVATION else stage + 1
-        if self.plan.is_local(source):
+    def _take(self, kind: str, stage: int, mb: int, op: Op, receive: Message | None) -> torch.Tensor:
+        if receive is None:  # the other stage is on this rank
             return self._handed.pop((kind, stage, mb))
-        return self.p2p.take(kind, stage, mb, op)
+        return self.p2p.take(receive, op)
 
-    def _give(self, kind: str, stage: int, mb: int, tensor: torch.Tensor) -> None:
-        if self.plan.is_local(stage):
+    def _give(self, kind: str, stage: int, mb: int, tensor: torch.Tensor, send: Message | None) -> None:
+        if send is None:
             self._handed[(kind, stage, mb)] = tensor  # same device: no communication
         else:
-            self.p2p.send(kind, stage, mb, tensor)
+            self.p2p.send(send, tensor)

@@ -7,11 +7,12 @@ names each stuck device's next op).
 Messages: an activation goes from F(s, i) to F(s+1, i) and a gradient from B/BW(s, i)
 to B/BW(s-1, i) whenever the two stages sit on different devices. Every rank derives
 the same global message order from the simulated schedule (by send time, then a fixed
-tie-break). Each rank issues its sends and receives *with one peer* in that order, so
-backends that match point-to-point messages by order (NCCL, one stream per peer pair
-for both directions) pair them correctly and never block a transfer behind one its
-peer has not reached; gloo additionally matches them by tag. Receives are issued as
-early as that order allows, before the op that consumes them.
+tie-break). Each rank issues its sends and receives *with one peer* in that order
+(runtime/issue.py), so backends that match point-to-point messages by order (NCCL, one
+stream per peer pair for both directions) pair them up; runtime/pairing.py proves, per
+schedule, that no transfer waits behind one its peer has not reached. gloo additionally
+matches them by tag. Receives are issued as early as that order allows, before the op
+that consumes them.
 """
 
 from __future__ import annotations

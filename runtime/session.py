@@ -90,7 +90,7 @@ def open_session(
     modules = {s: model.stages[s].to(device) for s in plan.stages}
     params = [p for module in modules.values() for p in module.parameters()]
     meter = MemoryMeter(device, params) if measure_memory else None
-    p2p = P2P(plan, specs, device, timeout_s, batched=dist.get_backend() == "nccl")
+    p2p = P2P(plan, specs, device, timeout_s)
     executor = Executor(plan, modules, model.loss_fn, p2p, device, meter=meter, synchronize=measure_memory)
     optimizer = torch.optim.AdamW(params, lr=1e-3) if params else None
     return Session(plan, model, modules, executor, optimizer, device, meter)

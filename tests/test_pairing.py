@@ -6,10 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from factories import placed_problem, unusual_placements
 
 from optimizer.problem import uniform_problem
 from optimizer.schedules import GENERATORS, generate
+from runtime import comm
+from runtime.issue import op_transfers
 from runtime.pairing import pairing_deadlock
 from runtime.plan import build_plans
 
@@ -48,18 +51,62 @@ def test_a_transfer_queued_behind_one_the_peer_has_not_reached_is_caught():
     assert "rank 1 at F(stage 1, mb 0) waits for activation for stage 1 mb 0" in found
 
 
-def test_batched_groups_couple_receives_and_hang_interleaved_placements():
-    """The executor's NCCL path issues the messages it can issue with one peer at one
-    moment as one group, and a wait covers the whole group. On interleaved placements the
-    step-start group of rank 1 holds both stage 1's and stage 5's activations from rank 0;
-    stage 5's needs a full round of the pipeline, so every rank waits at its first F (the
-    same hang gloo shows when it runs that path). Issued one by one, in the same order,
-    the messages pair up."""
+def test_two_sides_that_disagree_on_the_order_are_caught():
+    plans = build_plans(generate(uniform_problem(2, 2), "1f1b"), 2)
+    messages = plans[0].peer_messages[1]
+    first, second = (m for m in messages if m.src == 0)  # the two activations, mb 0 then mb 1
+    swapped = tuple(second if m == first else first if m == second else m for m in messages)
+    bad = [dataclasses.replace(plans[0], peer_messages={1: swapped}), plans[1]]  # rank 1 keeps the agreed order
+    assert pairing_deadlock(bad) == "ranks 0 and 1 pair activation for stage 1 mb 1 with activation for stage 1 mb 0"
+
+
+class _Work:
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+def test_the_executor_issues_one_transfer_per_message_in_the_checked_order(monkeypatch):
+    """runtime/comm.py, driven op by op as the executor drives it, issues every message
+    with each peer as its own isend/irecv, in the plan's order: the order the check
+    replays. Grouping (batch_isend_irecv) would make a wait cover several transfers."""
     plans = build_plans(generate(uniform_problem(4, 8, placement="interleaved:2"), "interleaved-1f1b"), 4)
     assert pairing_deadlock(plans) is None
-    found = pairing_deadlock(plans, batched=True)
-    assert found is not None and "rank 1 at F(stage 1, mb 0) waits for activation for stage 1 mb 0" in found
-    # linear and V placements have no such cross-round group
-    for placement, family in (("linear", "zb-h1"), ("vshape", "zb-v")):
-        plans = build_plans(generate(uniform_problem(4, 8, placement=placement), family), 4)
-        assert pairing_deadlock(plans, batched=True) is None
+    issued: list[tuple[str, int, int]] = []
+
+    def recording(kind):
+        def call(tensor, peer, tag):
+            issued.append((kind, peer, tag))
+            return _Work()
+
+        return call
+
+    def grouped(ops):
+        raise AssertionError("transfers must not be grouped")
+
+    monkeypatch.setattr(comm.dist, "isend", recording("send"))
+    monkeypatch.setattr(comm.dist, "irecv", recording("recv"))
+    monkeypatch.setattr(comm.dist, "batch_isend_irecv", grouped)
+    plan = plans[1]  # two peers, interleaved: receives from both sides
+    p2p = comm.P2P(plan, [comm.TensorSpec((2,), torch.float32)] * plan.num_stages, torch.device("cpu"), timeout_s=1.0)
+    p2p.start_step()
+    for op, transfers in zip(plan.ops, op_transfers(plan), strict=True):
+        if transfers.receive is not None:
+            p2p.take(transfers.receive, op)
+        if transfers.send is not None:
+            p2p.send(transfers.send, torch.zeros(2))
+    p2p.finish_step()
+    for peer, messages in plan.peer_messages.items():
+        expected = [("recv" if m.dst == plan.rank else "send", peer, m.tag) for m in messages]
+        assert [call for call in issued if call[1] == peer] == expected
+
+
+@pytest.mark.parametrize("placement,family", [("linear", "1f1b"), ("interleaved:2", "interleaved-1f1b"), ("vshape", "zb-v")])
+def test_a_reversed_order_is_caught_on_every_placement(placement, family):
+    plans = build_plans(generate(uniform_problem(4, 8, placement=placement), family), 4)
+    # the last gradient first: it needs every earlier transfer of the step
+    bad = [dataclasses.replace(plan, peer_messages={peer: msgs[::-1] for peer, msgs in plan.peer_messages.items()}) for plan in plans]
+    found = pairing_deadlock(bad)
+    assert found is not None and "waits for activation for stage" in found
