@@ -104,6 +104,7 @@ class Executor:
             grad = None if runner.last else self._take(GRADIENT, s, mb, op, receive)
             grad_in = runner.backward_input(mb, grad) if op.kind == "B" else runner.backward_fused(mb, grad)
             if s > 0:
+                assert grad_in is not None, "a stage after the first passes an input gradient on"
                 self._give(GRADIENT, s - 1, mb, grad_in, send)
         else:
             runner.backward_weight(mb)

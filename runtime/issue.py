@@ -27,8 +27,8 @@ class OpTransfers:
 
 def op_transfers(plan: RankPlan) -> tuple[OpTransfers, ...]:
     """Per op of `plan.ops`, in order, what it receives and sends (None: local or none)."""
-    incoming = {}
-    outgoing = {}
+    incoming: dict[tuple[str, int, int], Message] = {}
+    outgoing: dict[tuple[str, int, int], Message] = {}
     for messages in plan.peer_messages.values():
         for message in messages:
             key = (message.kind, message.stage, message.microbatch)

@@ -57,9 +57,11 @@ class StageRunner:
         if x.is_floating_point() and (not self.first or self.input_gradient):
             # A leaf of this stage's graph: B asks autograd for its gradient.
             x = x.detach().requires_grad_(True)
-        with self.meter.forward(self.index) if self._measuring() else nullcontext(lambda out: None) as keep:
+        meter = self.meter if self._measuring() else None
+        with meter.forward(self.index) if meter is not None else nullcontext(lambda out: None) as keep:
             out = self.module(x)
             if self.last:
+                assert target is not None, "the last stage computes the loss from the targets"
                 out = self.loss_fn(out, target) / self.num_microbatches
             keep(out)
         self._in_flight[mb] = _InFlight(x, out)
@@ -70,18 +72,23 @@ class StageRunner:
     def backward_input(self, mb: int, grad: torch.Tensor | None) -> torch.Tensor | None:
         """Gradient of this stage's input (None on the first stage); parameters wait for W."""
         state = self._in_flight[mb]
+        assert state.output is not None and state.input is not None, f"B of microbatch {mb} before its F, or twice"
+        output, inputs = state.output, [state.input]
         held = lambda: state.work.nbytes() if state.work else 0  # noqa: E731
-        with self.meter.backward_input(self.index, held) if self._measuring() else nullcontext():
-            grads, state.work = self.split.backward_input(state.output, grad, [state.input])
+        meter = self.meter if self._measuring() else None
+        with meter.backward_input(self.index, held) if meter is not None else nullcontext():
+            grads, state.work = self.split.backward_input(output, grad, inputs)
             state.input = state.output = None
         return grads[0]
 
     def backward_weight(self, mb: int) -> None:
         state = self._in_flight.pop(mb)
+        assert state.work is not None, f"W of microbatch {mb} before its B"
         backward_weight(state.work)
 
     def backward_fused(self, mb: int, grad: torch.Tensor | None) -> torch.Tensor | None:
         state = self._in_flight.pop(mb)
+        assert state.output is not None and state.input is not None, f"BW of microbatch {mb} before its F"
         return backward_fused(state.output, grad, [state.input])[0]
 
     def _measuring(self) -> bool:
