@@ -283,3 +283,16 @@ def test_span_objective_is_solved():
     assert_valid(schedule)
     spans = [ops[-1].end - ops[0].start for ops in schedule.devices]
     assert schedule.metrics.lower_bound <= max(spans) * (1 + CLOSE)
+
+
+@pytest.mark.parametrize("method", ["cpsat", "milp"])
+def test_whole_model_methods_refuse_sizes_past_their_limit(method):
+    # One op past the limit is refused before anything runs; at the limit it is accepted.
+    from optimizer.exact.api import WHOLE_MODEL_MAX_OPS
+
+    limit = WHOLE_MODEL_MAX_OPS[method]
+    m = limit // 3 // 4 + 1  # 4 linear stages: 12 ops per microbatch, just over the limit
+    with pytest.raises(InputError, match=f"keeps its time limit up to {limit} ops; use --method auto"):
+        solve(zb_problem(4, m), method, SolveOptions(time_limit=1))
+    schedule = solve(zb_problem(4, limit // 12), method, SolveOptions(time_limit=1))
+    assert_valid(schedule)

@@ -220,8 +220,11 @@ def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | 
         except KeyboardInterrupt:
             _kill_children_using(folder)
             return None, 0.0, True
-        except pulp.PulpSolverError as error:
-            raise InputError(f"solver: {name} failed: {error}") from None
+        except pulp.PulpSolverError:
+            # PuLP raises this when the solver left no solution file, which CBC does when
+            # its time limit ends during preprocessing: no solution, not a user error (an
+            # unknown solver name is refused before, by make_solver).
+            return None, 0.0, False
         finally:
             _kill_children_using(folder)  # a no-op after a normal solve
     # A time-limited CBC run reports status Optimal; only sol_status tells a proof apart.
