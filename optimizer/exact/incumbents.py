@@ -44,15 +44,19 @@ def candidate(problem: Problem, name: str, orders: Sequence[Sequence[Op]]) -> Ca
     return Candidate(name, schedule, overshoot(schedule))
 
 
-def generator_candidates(problem: Problem, deadline: float | None = None) -> tuple[list[Candidate], dict[str, str]]:
+def generator_candidates(
+    problem: Problem, deadline: float | None = None, *, essential: tuple[str, ...] = (), essential_deadline: float | None = None
+) -> tuple[list[Candidate], dict[str, str]]:
     """Every applicable generator's schedule, canonical and timed; plus the ones that failed and why.
 
     With a `deadline` (time.monotonic()), a generator still running then is given up
     (its thread is left to finish on its own) so that the solver keeps its time limit.
+    The generators named in `essential` may run until `essential_deadline` instead.
     """
     found, failed = [], {}
     for generator in applicable(problem):
-        if deadline is not None and time.monotonic() >= deadline:
+        own_deadline = essential_deadline if generator.name in essential and essential_deadline is not None else deadline
+        if own_deadline is not None and time.monotonic() >= own_deadline:
             # Not started at all: a thread left running would slow the solver down (GIL).
             failed[generator.name] = "not run: the solver's time for known schedules had run out"
             continue
@@ -67,11 +71,11 @@ def generator_candidates(problem: Problem, deadline: float | None = None) -> tup
             finally:
                 done.set()
 
-        if deadline is None:
+        if own_deadline is None:
             build()
         else:
             threading.Thread(target=build, daemon=True).start()
-            done.wait(max(0.0, deadline - time.monotonic()))
+            done.wait(max(0.0, own_deadline - time.monotonic()))
         if not done.is_set():
             failed[generator.name] = "gave no schedule before the solver's time for known schedules ran out"
         elif "error" in outcome:
