@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import objective_value
-from optimizer.exact.spantiming import timed_for
+from optimizer.exact.spantiming import affordable, timed_for
 from optimizer.exact.subproblem import splice, window_subproblem
 from optimizer.exact.timescale import IntegerTables, tick_problem
 from optimizer.problem import Problem
@@ -47,7 +47,8 @@ class _State:
 
 def _evaluate(problem: Problem, ticks: Problem, orders: list[list[Op]], objective: str) -> _State:
     timed = simulate_times(ticks, orders)  # ASAP: the window models' boundary conditions
-    schedule = timed_for(problem, orders, objective)
+    # Compared as the tracker compares them: timed for the span only where affordable.
+    schedule = timed_for(problem, orders, objective if affordable(problem) else "makespan")
     return _State(orders, timed, schedule, objective_value(schedule, objective), int(sum(t.end for ops in timed for t in ops)))
 
 
