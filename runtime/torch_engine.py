@@ -29,16 +29,12 @@ import torch.distributed as dist
 
 from optimizer.formats.torch_csv import export_csv
 from optimizer.schedule import schedule_from_json
+from runtime.worker import RunJob
 
 
 @dataclass(frozen=True)
-class TorchRunJob:
-    schedule: dict  # schedule JSON v1
-    source: str
-    model: str
-    steps: int = 3
-    check: bool = False
-    timeout_s: float = 60.0
+class TorchRunJob(RunJob):
+    """The same run as RunJob (schedule, model, steps, check), on torch's runtime."""
 
     def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None:
         return run_torch_rank(self, rank, world_size, device)

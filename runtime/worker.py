@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from optimizer.errors import PipeschedError
 from optimizer.schedule import schedule_from_json
-
-if TYPE_CHECKING:
-    from runtime.torch_engine import TorchRunJob
 
 
 class CheckError(PipeschedError):
@@ -67,7 +63,7 @@ def run_rank(job: RunJob, rank: int, world_size: int, device: torch.device) -> d
     return summarize(job, schedule, session.plan.predicted_makespan, gathered)
 
 
-def summarize(job: RunJob | TorchRunJob, schedule, predicted: float, gathered: list) -> dict:
+def summarize(job: RunJob, schedule, predicted: float, gathered: list) -> dict:
     """Rank 0's report: per-step time (slowest rank) and loss, and the check's verdict."""
     num_steps = len(gathered[0][0])
     seconds = [max(rank_steps[i][0] for rank_steps, _ in gathered) for i in range(num_steps)]

@@ -15,7 +15,6 @@ import pytest
 from optimizer.problem import uniform_problem
 from optimizer.schedules import GENERATORS, generate
 from runtime.launch import launch
-from runtime.torch_engine import TorchRunJob
 from runtime.worker import RunJob
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
@@ -46,7 +45,7 @@ def tiny_model(num_stages: int) -> str:
 class Batch:
     """Several runs in one process group, one after another."""
 
-    jobs: tuple[RunJob | TorchRunJob, ...]
+    jobs: tuple[RunJob, ...]
     timeout_s: float = 60.0
 
     def execute(self, rank, world_size, device):
