@@ -156,8 +156,11 @@ TINY = [
 ]
 
 
+each_tiny_case = pytest.mark.parametrize("case", TINY, ids=lambda c: f"seed{c[0]}-p{c[1]}-m{c[2]}-{c[3]}-limit{c[4]}")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", TINY, ids=lambda c: f"seed{c[0]}-p{c[1]}-m{c[2]}-{c[3]}-limit{c[4]}")
+@each_tiny_case
 def test_bounds_and_solver_against_brute_force(case):
     seed, p, m, placement, limit = case
     problem = random_problem(random.Random(seed), p, m, placement, limit=limit, decimals=2)
@@ -261,7 +264,7 @@ def test_span_horizon_contains_the_span_timing_of_every_order(case):
 # --- the span relaxation of single devices (optimizer.exact.devicebound) -------------------------
 
 
-@pytest.mark.parametrize("case", TINY, ids=lambda c: f"seed{c[0]}-p{c[1]}-m{c[2]}-{c[3]}-limit{c[4]}")
+@each_tiny_case
 def test_span_relaxation_never_exceeds_the_brute_force_optimum(case):
     seed, p, m, placement, limit = case
     problem = random_problem(random.Random(seed), p, m, placement, limit=limit, decimals=2)
