@@ -25,9 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 from optimizer.errors import InputError, PipeschedError
+from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.io import check_outputs, json_text, one_line, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, uniform_problem
-from optimizer.schedule import Schedule, load_schedule, save_schedule
+from optimizer.schedule import Schedule
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -199,7 +200,7 @@ def problem(
         mem_backward_weight=mem_backward_weight,
         memory_limit=memory_limit,
     )
-    write_json_atomic(output, built.model_dump(mode="json"))
+    write_json_atomic(output, built.to_json())
     print(f"wrote {output}: {built.num_devices} devices, {built.num_stages} stages, {built.num_microbatches} microbatches")
 
 

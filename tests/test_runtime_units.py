@@ -9,8 +9,9 @@ import torch
 import torch.nn as nn
 
 from optimizer.errors import DeadlockError, InputError
+from optimizer.ops import Op, TimedOp
 from optimizer.problem import uniform_problem
-from optimizer.schedule import Op, Schedule, TimedOp
+from optimizer.schedule import Schedule
 from optimizer.schedules import generate
 from runtime.backward import SplitBackward, backward_fused, backward_weight
 from runtime.models import GPTConfig, GPTStage, build_example, even_split, load_model
@@ -142,7 +143,7 @@ def test_plan_refuses_deadlock_and_wrong_world_size():
         [Op("BW", 0, 0), Op("F", 0, 0), Op("F", 0, 1), Op("BW", 0, 1)],
         [Op("F", 1, 0), Op("BW", 1, 0), Op("F", 1, 1), Op("BW", 1, 1)],
     ]
-    fake_times = [[TimedOp(*op, 0.0, 1.0) for op in ops] for ops in orders]
+    fake_times = [[TimedOp(op.kind, op.stage, op.microbatch, 0.0, 1.0) for op in ops] for ops in orders]
     schedule = Schedule(problem, "hand-made", fake_times)
     with pytest.raises(DeadlockError, match=r"device 0 waits at BW\(stage 0, mb 0\)"):
         build_plans(schedule, 2)

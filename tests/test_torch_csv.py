@@ -13,11 +13,13 @@ from torch.distributed.pipelining import schedules as torch_schedules
 from typer.testing import CliRunner
 
 from optimizer.cli import app
-from optimizer.errors import InputError
+from optimizer.errors import InputError, ScheduleError
 from optimizer.exact import SolveOptions, solve
 from optimizer.formats import torch_csv
+from optimizer.formats.schedule_json import save_schedule
+from optimizer.ops import Op
 from optimizer.problem import Problem, uniform_problem
-from optimizer.schedule import Op, Schedule, ScheduleError, save_schedule
+from optimizer.schedule import Schedule
 from optimizer.schedules import GENERATORS, generate
 from runtime.torch_orders import builtin_order_rows, builtin_schedule, builtin_schedules
 
@@ -133,7 +135,7 @@ def cli(*args):
 
 def test_export_writes_every_registered_format(tmp_path):
     from optimizer.formats import formats
-    from optimizer.schedule import load_schedule
+    from optimizer.formats.schedule_json import load_schedule
 
     schedule = generate(uniform_problem(2, 2), "1f1b")
     save_schedule(schedule, tmp_path / "s.json")

@@ -30,8 +30,8 @@ from ortools.sat.python import cp_model
 
 from optimizer.exact.cpsat import run_cpsat
 from optimizer.exact.timescale import IntegerTables
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 
 KINDS = ("F", "B", "W")
 # Periods tried, as multiples of the busiest device's work per microbatch.

@@ -40,8 +40,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from optimizer.errors import InfeasibleError
+from optimizer.ops import Op, op_duration
 from optimizer.problem import Problem, one_microbatch_peaks
-from optimizer.schedule import Op, op_duration
 from optimizer.schedules.registry import Orders
 
 # Limits and memory deltas are floats that may be sums of profiled values.

@@ -7,8 +7,8 @@ the remaining backwards. Peak memory p microbatches on device 0; bubble rate
 
 from __future__ import annotations
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules.registry import Generator, Orders, linear_only
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules.registry import Orders
 
 
