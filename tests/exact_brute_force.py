@@ -2,41 +2,104 @@
 
 For a fixed order the simulator's ASAP times minimize the makespan, and
 optimizer.exact.spantiming's times the longest device span (checked against a linear
-program in tests/test_span_objective.py), so the best over all orders is the optimum. Backwards are split (B then W); a fused BW is never better (see
-optimizer.exact.canonical), so nothing is lost.
+program in tests/test_span_objective.py), so the best over all orders is the optimum.
+
+Every op of every (stage, microbatch, slice) is enumerated, with no symmetry breaking.
+Backwards are split (B then W), and where the fused backward is shorter than B + W both
+choices are enumerated (F, B, W or F, BW), since either can win there; elsewhere a fused
+BW is never better (see optimizer.exact.canonical), so nothing is lost. Orders that must
+deadlock (an op before one of its own ancestors on the same device) and orders over a
+device's memory limit are never generated.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 
 from optimizer.errors import DeadlockError
+from optimizer.exact.canonical import fusing_can_win
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.spantiming import timed_for
-from optimizer.ops import Op
+from optimizer.ops import Kind, Op, completion_key, dependencies, op_memory
 from optimizer.problem import Problem
-from optimizer.schedule import peak_memory
 
 
-def _interleavings(chains: list[list[Op]]):
-    """Every merge of the chains that keeps each chain's order."""
-    if all(not c for c in chains):
-        yield []
-        return
-    for k, chain in enumerate(chains):
-        if chain:
-            rest = chains[:k] + [chain[1:]] + chains[k + 1 :]
-            for tail in _interleavings(rest):
-                yield [chain[0]] + tail
+def _ancestors(problem: Problem) -> dict[Op, set[Op]]:
+    """Completion keys every op transitively waits for (the same whether backwards are fused or split)."""
+    S, K = problem.num_stages, problem.num_slices
+    found: dict[Op, set[Op]] = {}
+
+    def of(op: Op) -> set[Op]:
+        if op not in found:
+            result: set[Op] = set()
+            for dep in dependencies(op, S, K):
+                result |= {dep} | of(dep)
+            found[op] = result
+        return found[op]
+
+    for s in range(S):
+        for i in range(problem.num_microbatches):
+            for k in range(K):
+                for kind in (Kind.F, Kind.B, Kind.W):
+                    of(Op(kind, s, i, k))
+    return found
+
+
+def _alternatives(problem: Problem, device: int) -> list[list[list[Op]]]:
+    """Per (stage, microbatch, slice) of the device: its op lists (split, and fused where that can win)."""
+    tables = problem.tables()
+    result = []
+    for s in problem.stages_on(device):
+        for i in range(problem.num_microbatches):
+            for k in range(problem.num_slices):
+                split = [Op(Kind.F, s, i, k), Op(Kind.B, s, i, k), Op(Kind.W, s, i, k)]
+                fused = [Op(Kind.F, s, i, k), Op(Kind.BW, s, i, k)]
+                result.append([split, fused] if fusing_can_win(tables, s, k) else [split])
+    return result
+
+
+def _extensions(ops: list[Op], must_follow: dict[Op, set[Op]], problem: Problem, device: int) -> Iterator[list[Op]]:
+    """Every order of `ops` keeping each op after its ancestors on the device, within the memory limit."""
+    tables = problem.tables()
+    limit = tables.limit[device] * (1 + 1e-9)
+    placed: list[Op] = []
+    done: set[Op] = set()
+
+    def walk(usage: float) -> Iterator[list[Op]]:
+        if len(placed) == len(ops):
+            yield list(placed)
+            return
+        for op in ops:
+            if op in done or not must_follow[op] <= done:
+                continue
+            after = usage + op_memory(tables, op.kind, op.stage, op.slice)
+            if after > limit:
+                continue
+            placed.append(op)
+            done.add(op)
+            yield from walk(after)
+            placed.pop()
+            done.discard(op)
+
+    yield from walk(0.0)
 
 
 def device_orders(problem: Problem, device: int) -> list[list[Op]]:
-    """Orders of one device's ops that fit its memory limit (F before B before W per microbatch and stage)."""
-    tables = problem.tables()
-    chains = [[Op("F", s, i), Op("B", s, i), Op("W", s, i)] for s in problem.stages_on(device) for i in range(problem.num_microbatches)]
-    limit = tables.limit[device]
-    return [o for o in _interleavings(chains) if peak_memory(tables, o) <= limit * (1 + 1e-9)]
+    """Every order of one device's ops (each backward split or, where that can win, fused) within its memory limit."""
+    ancestors = _ancestors(problem)
+    orders: list[list[Op]] = []
+    for choice in itertools.product(*_alternatives(problem, device)):
+        ops = [op for alternative in choice for op in alternative]
+        # The device's own ops an op waits for, directly or through other devices.
+        keyed = {completion_key(op): op for op in ops if completion_key(op) is not None}
+        must_follow = {}
+        for op in ops:
+            waits = ancestors[op._replace(kind=Kind.B) if op.kind == Kind.BW else op]
+            must_follow[op] = {keyed[key] for key in waits if key in keyed}
+        orders.extend(_extensions(ops, must_follow, problem, device))
+    return orders
 
 
 def brute_force_optimum(problem: Problem, objective: str = "makespan") -> float:

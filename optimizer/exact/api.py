@@ -12,20 +12,19 @@ from __future__ import annotations
 import contextlib
 
 from optimizer.errors import InputError
-from optimizer.exact.bounds import LowerBound, lower_bound
 from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
 from optimizer.exact.incumbents import Candidate, closest
 from optimizer.exact.options import ProgressCallback, SolveOptions
 from optimizer.exact.portfolio import solve_auto, starting_points, whole_model
+from optimizer.exact.slicebounds import lower_bound
 from optimizer.exact.subproblem import full_subproblem
-from optimizer.exact.timescale import integer_tables, tick_problem
+from optimizer.exact.timescale import integer_tables
 from optimizer.exact.tracker import Tracker
-from optimizer.ops import op_duration
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from optimizer.schedules.listengine import check_memory_feasible
-from optimizer.simulate import simulate, simulate_times
+from optimizer.simulate import simulate
 
 METHODS = ("auto", "cpsat", "milp")
 # The whole-model methods build every op into one model before the clock can stop them
@@ -49,19 +48,17 @@ def solve(
         raise InputError(f"objective: '{options.objective}' is not one of makespan, span")
     if options.time_limit <= 0:
         raise InputError(f"time_limit: must be positive, got {options.time_limit:g}")
-    ops = 3 * problem.num_stages * problem.num_microbatches
+    ops = 3 * problem.num_stages * problem.num_microbatches * problem.num_slices
     if method in WHOLE_MODEL_MAX_OPS and ops > WHOLE_MODEL_MAX_OPS[method]:
         raise InputError(
             f"method: {method} builds one model of all {ops} ops and keeps its time limit up to "
             f"{WHOLE_MODEL_MAX_OPS[method]} ops; use --method auto, which decomposes larger problems"
         )
-    if problem.num_slices > 1 and method != "auto":
-        raise InputError(f"method: {method} does not handle token slices yet (num_slices = {problem.num_slices}); use --method auto")
     if method == "milp":
         _milp().make_solver(options.solver, options.time_limit, options.threads)  # an unknown name fails now, not later
     check_memory_feasible(problem)
     tracker = Tracker(options.objective, options.time_limit, on_progress)
-    bound = lower_bound(problem, options.objective) if problem.num_slices == 1 else _work_bound(problem, options.objective)
+    bound = lower_bound(problem, options.objective)
     tracker.raise_bound(bound.value, bound.reason)
     starts: list[Candidate] = []
     try:
@@ -98,9 +95,7 @@ def _milp():
 
 def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
     tables = integer_tables(problem)
-    hint = None
-    if tracker.best is not None:
-        hint = simulate_times(tick_problem(problem, tables), canonical(tracker.best.order()))
+    hint = canonical(tracker.best.order(), problem) if tracker.best is not None else None
     sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
     tracker.models_ran = True
     tracker.report(f"milp, {tables.describe()}")  # says whether the time grid is exact
@@ -114,25 +109,9 @@ def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> No
     )
     label = f"milp({options.solver})"
     if result.starts is not None:
-        tracker.offer(simulate(problem, sub.orders_from_starts(result.starts)), label)
+        tracker.offer(simulate(problem, result.orders(sub)), label)
     tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), f"{label} proven bound")
     if result.status == "optimal" and tables.proves_optimality(options.objective) and result.starts is not None:
         tracker.proven = True
     if result.interrupted:
         raise KeyboardInterrupt
-
-
-def _work_bound(problem: Problem, objective: str) -> LowerBound:
-    """The busiest device's work: a valid bound for any problem, token slices included.
-
-    Every op of a device runs on it, one at a time, whichever backward it splits or fuses
-    (the cheaper of BW and B + W counts), under both objectives.
-    """
-    tables = problem.tables()
-    work = [0.0] * problem.num_devices
-    for s in range(problem.num_stages):
-        for k in range(problem.num_slices):
-            fused = op_duration(tables, "BW", s, k)
-            split = op_duration(tables, "B", s, k) + op_duration(tables, "W", s, k)
-            work[tables.device[s]] += problem.num_microbatches * (op_duration(tables, "F", s, k) + min(fused, split))
-    return LowerBound(max(work), "busiest device's work")

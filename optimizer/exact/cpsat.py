@@ -21,6 +21,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from optimizer.exact.subproblem import SubProblem
+from optimizer.ops import Op
 
 
 @dataclass
@@ -31,6 +32,12 @@ class CpsatResult:
     bound: int  # proven lower bound on the objective, in ticks
     interrupted: bool = False
     seconds: float = 0.0
+    fused: list[bool] | None = None  # per pair of sub.fusable, with the starts
+
+    def orders(self, sub: SubProblem) -> list[list[Op]]:
+        """The solution's per-device orders (fused pairs as BW ops)."""
+        assert self.starts is not None, "orders of a solution"
+        return sub.orders_from_starts(self.starts, self.fused)
 
 
 class _Reporter(cp_model.CpSolverSolutionCallback):
@@ -71,15 +78,37 @@ def solve_cpsat_subproblem(
 
     # --- variables --------------------------------------------------------------------
     model = cp_model.CpModel()
+    fused_of = {}  # op -> its pair's fused literal (B and W of a fusable pair)
+    fused = []
+    for f, (b, w, _) in enumerate(sub.fusable):
+        op = sub.ops[b]
+        literal = model.new_bool_var(f"fused_{op.kind}_{op.stage}_{op.microbatch}_{f}")
+        fused.append(literal)
+        fused_of[b] = fused_of[w] = (f, literal)
+    least = sub.least_durations()  # fused or split
     start, end, interval = [], [], []
     for j, op in enumerate(sub.ops):
-        name = f"{op.kind}_{op.stage}_{op.microbatch}"
-        latest = max(sub.release[j], horizon - sub.duration[j] - sub.tail[j])
+        name = f"{op.kind}_{op.stage}_{op.microbatch}_{j}"
+        latest = max(sub.release[j], horizon - least[j] - sub.tail[j])
         s = model.new_int_var(sub.release[j], latest, f"start_{name}")
-        e = model.new_int_var(sub.release[j] + sub.duration[j], latest + sub.duration[j], f"end_{name}")
         start.append(s)
+        if j not in fused_of:
+            e = model.new_int_var(sub.release[j] + sub.duration[j], latest + sub.duration[j], f"end_{name}")
+            interval.append(model.new_interval_var(s, sub.duration[j], e, f"interval_{name}"))
+        else:
+            f, literal = fused_of[j]
+            b, w, bw = sub.fusable[f]
+            e = model.new_int_var(sub.release[j], max(sub.release[j], horizon - sub.tail[j]), f"end_{name}")
+            if j == b:  # B: its own duration, or the fused one
+                size = model.new_int_var(min(bw, sub.duration[j]), max(bw, sub.duration[j]), f"size_{name}")
+                model.add(size == sub.duration[j] + (bw - sub.duration[j]) * literal)
+                interval.append(model.new_interval_var(s, size, e, f"interval_{name}"))
+            else:  # W: on the device only when split; when fused, no time at B's end
+                interval.append(model.new_optional_interval_var(s, sub.duration[j], e, ~literal, f"interval_{name}"))
+                model.add(e == s).only_enforce_if(literal)
         end.append(e)
-        interval.append(model.new_interval_var(s, sub.duration[j], e, f"interval_{name}"))
+    for (b, w, _), literal in zip(sub.fusable, fused):
+        model.add(start[w] == end[b]).only_enforce_if(literal)
     makespan = model.new_int_var(sub.floor, horizon, "makespan")
 
     # --- constraints ------------------------------------------------------------------
@@ -90,6 +119,8 @@ def solve_cpsat_subproblem(
         model.add(start[b] >= end[a] + delay)
     for a, b in sub.in_order:
         model.add(start[b] >= end[a])
+    for a, b, f in sub.in_order_if_split:
+        model.add(start[b] >= end[a]).only_enforce_if(~fused[f])
     for d in devices:
         limit = sub.limit[d]
         if limit is None:
@@ -126,9 +157,12 @@ def solve_cpsat_subproblem(
     else:
         model.minimize(target)
     if sub.hint is not None:
+        hinted = sub.durations(sub.hint_fused)
         for j in range(n):
             model.add_hint(start[j], sub.hint[j])
-            model.add_hint(end[j], sub.hint[j] + sub.duration[j])
+            model.add_hint(end[j], sub.hint[j] + hinted[j])
+        for literal, f in zip(fused, sub.hint_fused or [False] * len(fused)):
+            model.add_hint(literal, f)
 
     # --- solve ------------------------------------------------------------------------
     began = time.perf_counter()
@@ -155,7 +189,7 @@ def solve_cpsat_subproblem(
         bound = value if status == cp_model.OPTIMAL else int(solver.best_objective_bound)
         if compact and status != cp_model.OPTIMAL:
             bound = 0
-        return CpsatResult(name, starts, value, bound, interrupted, seconds)
+        return CpsatResult(name, starts, value, bound, interrupted, seconds, [bool(solver.value(x)) for x in fused])
     return CpsatResult(name, None, None, 0, interrupted, seconds)
 
 

@@ -41,8 +41,7 @@ def overshoot(schedule: Schedule) -> float:
 
 
 def candidate(problem: Problem, name: str, orders: Sequence[Sequence[Op]]) -> Candidate:
-    # The canonical form (split backwards, microbatches relabelled) is defined for unsliced orders.
-    schedule = simulate(problem, canonical(orders) if problem.num_slices == 1 else orders, method=name)
+    schedule = simulate(problem, canonical(orders, problem), method=name)
     return Candidate(name, schedule, overshoot(schedule))
 
 

@@ -35,6 +35,7 @@ import pulp
 
 from optimizer.errors import InputError
 from optimizer.exact.subproblem import SubProblem
+from optimizer.ops import Op
 
 
 @dataclass
@@ -46,6 +47,12 @@ class MilpResult:
     seconds: float
     solver: str
     interrupted: bool = False
+    fused: list[bool] | None = None  # per pair of sub.fusable, with the starts
+
+    def orders(self, sub: SubProblem) -> list[list[Op]]:
+        """The solution's per-device orders (fused pairs as BW ops)."""
+        assert self.starts is not None, "orders of a solution"
+        return sub.orders_from_starts(self.starts, self.fused)
 
 
 def _implied_order(sub: SubProblem) -> list[int]:
@@ -108,7 +115,7 @@ def solve_milp_subproblem(
     n = len(sub.ops)
     horizon = sub.horizon(objective)  # valid for the objective, and the big M: see SubProblem.horizon
     must_follow = _implied_order(sub)
-    names = [f"{op.kind}_{op.stage}_{op.microbatch}" for op in sub.ops]
+    names = [f"{op.kind}_{op.stage}_{op.microbatch}_{op.slice}" for op in sub.ops]
     ops_on = [[j for j in range(n) if sub.device[j] == d] for d in range(sub.num_devices)]
 
     def precedes(a: int, b: int) -> bool:
@@ -116,13 +123,18 @@ def solve_milp_subproblem(
 
     # --- variables --------------------------------------------------------------------
     model = pulp.LpProblem("pipeline_schedule", pulp.LpMinimize)
+    least = sub.least_durations()  # fused or split
     start = [
-        model.add_variable(
-            f"start_{names[j]}", lowBound=sub.release[j], upBound=max(sub.release[j], horizon - sub.duration[j] - sub.tail[j])
-        )
+        model.add_variable(f"start_{names[j]}", lowBound=sub.release[j], upBound=max(sub.release[j], horizon - least[j] - sub.tail[j]))
         for j in range(n)
     ]
     makespan = model.add_variable("makespan", lowBound=sub.floor, upBound=horizon)
+    # Fused-or-split pairs: B takes the fused duration and W none, glued to B's end.
+    fused = [model.add_variable(f"fused_{names[b]}", 0, 1, pulp.LpBinary) for b, _, _ in sub.fusable]
+    duration: list = list(sub.duration)
+    for (b, w, bw), f in zip(sub.fusable, fused):
+        duration[b] = sub.duration[b] + (bw - sub.duration[b]) * f
+        duration[w] = sub.duration[w] * (1 - f)
     before: dict[tuple[int, int], pulp.LpVariable] = {}
     for d_ops in ops_on:
         for x, a in enumerate(d_ops):
@@ -140,12 +152,16 @@ def solve_milp_subproblem(
 
     # --- constraints ------------------------------------------------------------------
     for a, b, delay in sub.precedences:
-        model += start[b] >= start[a] + sub.duration[a] + delay
+        model += start[b] >= start[a] + duration[a] + delay
     for a, b in sub.in_order:
-        model += start[b] >= start[a] + sub.duration[a]
+        model += start[b] >= start[a] + duration[a]
+    for a, b, f in sub.in_order_if_split:
+        model += start[b] >= start[a] + duration[a] - horizon * fused[f]
+    for (b, w, _), f in zip(sub.fusable, fused):
+        model += start[w] <= start[b] + duration[b] + horizon * (1 - f)
     for (a, b), y in before.items():
-        model += start[b] >= start[a] + sub.duration[a] - horizon * (1 - y)
-        model += start[a] >= start[b] + sub.duration[b] - horizon * y
+        model += start[b] >= start[a] + duration[a] - horizon * (1 - y)
+        model += start[a] >= start[b] + duration[b] - horizon * y
     for d, d_ops in enumerate(ops_on):
         limit = sub.limit[d]
         if limit is None:
@@ -156,7 +172,7 @@ def solve_milp_subproblem(
             usage = sub.initial_memory[d] + sub.delta[x] + pulp.lpSum(sub.delta[y] * is_before(y, x) for y in d_ops if y != x)
             model += usage <= limit
     for j in range(n):
-        model += makespan >= start[j] + sub.duration[j] + sub.tail[j]
+        model += makespan >= start[j] + duration[j] + sub.tail[j]
 
     # --- objective --------------------------------------------------------------------
     target = makespan
@@ -170,16 +186,20 @@ def solve_milp_subproblem(
             for j in d_ops:
                 model += first <= start[j]
                 # The span only needs the device's first start from below and its ends from above.
-                model += target >= start[j] + sub.duration[j] - first
+                model += target >= start[j] + duration[j] - first
             first_start.append((first, d_ops))
     model += target
 
     if sub.hint is not None:
+        hinted = sub.durations(sub.hint_fused)
         for j in range(n):
             start[j].setInitialValue(sub.hint[j])
+        for f, value in zip(fused, sub.hint_fused or [False] * len(fused)):
+            f.setInitialValue(int(value))
         for (a, b), y in before.items():
-            y.setInitialValue(1 if sub.hint[a] < sub.hint[b] else 0)
-        makespan.setInitialValue(max([sub.floor] + [sub.hint[j] + sub.duration[j] + sub.tail[j] for j in range(n)]))
+            # Ties only between a zero-length fused W and the op starting at its B's end.
+            y.setInitialValue(1 if (sub.hint[a], hinted[b]) < (sub.hint[b], hinted[a]) else 0)
+        makespan.setInitialValue(max([sub.floor] + [sub.hint[j] + hinted[j] + sub.tail[j] for j in range(n)]))
         if objective == "span":
             for first, d_ops in first_start:
                 first.setInitialValue(min(sub.hint[j] for j in d_ops))
@@ -199,10 +219,14 @@ def solve_milp_subproblem(
         status = "infeasible" if model.sol_status == pulp.LpSolutionInfeasible else "unknown"
         return MilpResult(status, None, None, 0.0, seconds, solver, interrupted)
     starts = [round(s.varValue) for s in start]
-    value = max([sub.floor] + [starts[j] + sub.duration[j] + sub.tail[j] for j in range(n)])
+    chosen = [round(f.varValue or 0) == 1 for f in fused]
+    final = sub.durations(chosen)
+    value = max([sub.floor] + [starts[j] + final[j] + sub.tail[j] for j in range(n)])
     if objective == "span":
-        value = max(max(starts[j] + sub.duration[j] for j in d_ops) - min(starts[j] for j in d_ops) for d_ops in ops_on if d_ops)
-    return MilpResult("optimal" if proven else "feasible", starts, float(value), value if proven else bound, seconds, solver, interrupted)
+        value = max(max(starts[j] + final[j] for j in d_ops) - min(starts[j] for j in d_ops) for d_ops in ops_on if d_ops)
+    return MilpResult(
+        "optimal" if proven else "feasible", starts, float(value), value if proven else bound, seconds, solver, interrupted, chosen
+    )
 
 
 def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | None, float, bool]:

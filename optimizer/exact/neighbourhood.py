@@ -25,11 +25,11 @@ from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.spantiming import affordable, timed_for
 from optimizer.exact.subproblem import splice, window_subproblem
-from optimizer.exact.timescale import IntegerTables, tick_problem
+from optimizer.exact.ticktiming import tick_times
+from optimizer.exact.timescale import IntegerTables
 from optimizer.ops import Op, TimedOp
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
-from optimizer.simulate import simulate_times
 
 # Free ops per window: small enough that CP-SAT closes most windows in well under a
 # second, large enough to move a warm-up or cool-down as a whole.
@@ -46,8 +46,8 @@ class _State:
     compactness: int  # sum of all ends in ticks: the tie-breaker
 
 
-def _evaluate(problem: Problem, ticks: Problem, orders: list[list[Op]], objective: str) -> _State:
-    timed = simulate_times(ticks, orders)  # ASAP: the window models' boundary conditions
+def _evaluate(problem: Problem, tables: IntegerTables, orders: list[list[Op]], objective: str) -> _State:
+    timed = tick_times(tables, problem.num_stages, orders)  # ASAP: the window models' boundary conditions
     # Compared as the tracker compares them: timed for the span only where affordable.
     schedule = timed_for(problem, orders, objective if affordable(problem) else "makespan")
     return _State(orders, timed, schedule, objective_value(schedule, objective), int(sum(t.end for ops in timed for t in ops)))
@@ -98,9 +98,8 @@ def neighbourhood_search(
     Raises KeyboardInterrupt after reporting the best schedule through `on_improve`; the
     caller keeps it.
     """
-    ticks = tick_problem(problem, tables)
     rng = random.Random(seed)
-    state = _evaluate(problem, ticks, orders, objective)
+    state = _evaluate(problem, tables, orders, objective)
     size = FIRST_WINDOW_OPS
     total_ops = sum(len(ops) for ops in orders)
     while time.monotonic() < deadline and state.value > target * (1 + 1e-9):
@@ -125,8 +124,8 @@ def neighbourhood_search(
                 deterministic_limit=effort,
             )
             if result.starts is not None:
-                candidate_orders = splice(state.timed, t0, t1, sub.orders_from_starts(result.starts))
-                candidate = _evaluate(problem, ticks, candidate_orders, objective)
+                candidate_orders = splice(state.timed, t0, t1, result.orders(sub))
+                candidate = _evaluate(problem, tables, candidate_orders, objective)
                 better = candidate.value < state.value * (1 - 1e-12) or (
                     candidate.value <= state.value * (1 + 1e-12) and candidate.compactness < state.compactness
                 )

@@ -25,11 +25,12 @@ from optimizer.exact.listsched import list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
 from optimizer.exact.periodic import periodic_orders
+from optimizer.exact.slicebounds import needs_general_bound
 from optimizer.exact.subproblem import full_subproblem
-from optimizer.exact.timescale import IntegerTables, integer_tables, tick_problem
+from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.exact.tracker import Tracker
 from optimizer.problem import Problem
-from optimizer.simulate import simulate, simulate_times
+from optimizer.simulate import simulate
 
 # Up to this many ops the whole model is worth running: CP-SAT proves p=4, m=16
 # (192 ops) optimal in seconds when hinted, and stalls far beyond ~1000.
@@ -84,9 +85,7 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
 def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     """The whole CP-SAT model hinted with the incumbent; offers its solution, raises the bound."""
     time_limit = max(0.1, until - time.monotonic())
-    hint = None
-    if tracker.best is not None:
-        hint = simulate_times(tick_problem(problem, tables), canonical(tracker.best.order()))
+    hint = canonical(tracker.best.order(), problem) if tracker.best is not None else None
     sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
     scale = tables.time_scale
     tracker.models_ran = True
@@ -99,7 +98,7 @@ def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, 
         sub, time_limit=time_limit, seed=options.seed, threads=options.threads, objective=options.objective, on_solution=on_solution
     )
     if result.starts is not None:
-        tracker.offer(simulate(problem, sub.orders_from_starts(result.starts)), "cpsat")
+        tracker.offer(simulate(problem, result.orders(sub)), "cpsat")
     tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), "CP-SAT's proven bound")
     if result.status == "optimal" and tables.proves_optimality(options.objective) and result.starts is not None:
         tracker.proven = True
@@ -115,7 +114,7 @@ def window_search(problem: Problem, tables: IntegerTables, options: SolveOptions
     neighbourhood_search(
         problem,
         tables,
-        canonical(start.order()),
+        canonical(start.order(), problem),
         deadline=until,
         seed=options.seed,
         threads=options.threads,
@@ -141,23 +140,24 @@ class Phase:
     run: Callable[[Problem, IntegerTables, SolveOptions, Tracker, float], None]
 
 
-# The exact models, the window search, the periodic patterns and the relaxations order
-# unsliced problems only (so far): on a problem with token slices none of the phases
-# applies, and `auto` returns the best starting point.
-def _unsliced(problem: Problem) -> bool:
-    return problem.num_slices == 1
-
-
 def _small(problem: Problem, options: SolveOptions) -> bool:
-    return _unsliced(problem) and 3 * problem.num_stages * problem.num_microbatches <= FULL_MODEL_OPS
+    return 3 * problem.num_stages * problem.num_microbatches * problem.num_slices <= FULL_MODEL_OPS
 
 
 def _large(problem: Problem, options: SolveOptions) -> bool:
-    return _unsliced(problem) and 3 * problem.num_stages * problem.num_microbatches > FULL_MODEL_OPS
+    return not _small(problem, options)
+
+
+def _large_unsliced(problem: Problem, options: SolveOptions) -> bool:
+    # The periodic pattern knows one slice per microbatch; B then W is always allowed,
+    # so it still applies where fusing could win (it just never fuses).
+    return _large(problem, options) and problem.num_slices == 1
 
 
 def _relaxable(problem: Problem, options: SolveOptions) -> bool:
-    return _unsliced(problem) and devicebound.applicable(problem, objective=options.objective)
+    # The relaxations time backwards as B then W and need one slice: where a fused
+    # backward is shorter their bound would not be one.
+    return not needs_general_bound(problem) and devicebound.applicable(problem, objective=options.objective)
 
 
 def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
@@ -206,6 +206,6 @@ PHASES: tuple[Phase, ...] = (
     Phase("device relaxations (lower bound)", _relaxable, RELAXATION_SHARE, relaxation_bounds),
     Phase("window search", _small, WINDOW_SHARE_SMALL, window_search),
     Phase("whole CP-SAT model", _small, 1.0, whole_model),
-    Phase("periodic steady state", _large, PERIODIC_SHARE, periodic_patterns),
+    Phase("periodic steady state", _large_unsliced, PERIODIC_SHARE, periodic_patterns),
     Phase("window search", _large, 1.0, window_search),
 )

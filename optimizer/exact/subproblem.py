@@ -6,6 +6,13 @@ times, and the ops after it keep their per-device order. Because ASAP times of a
 order are longest paths, the ops after the window add, to each free op, an exact *tail*:
 the longest path from its end to the end of the schedule. The model's makespan
 max(floor, end + tail) is then the true makespan of the whole schedule (in ticks).
+
+Fused-or-split backward: where a stage's fused backward BW is shorter than B + W, the
+whole model may choose per pair. Each such pair is listed in `fusable` as (B, W, fused
+duration): when fused, B takes the fused duration and W takes no time at B's end, so
+B's dependents wait for the fused end and W's memory change happens with B's, exactly
+BW's semantics; a zero-length W glued to its B reads back as one BW op. Windows keep
+the incumbent's choice (its BW ops are ops of their own, with the fused duration).
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from optimizer.exact.ticktiming import tick_times
 from optimizer.exact.timescale import IntegerTables
-from optimizer.ops import Op, TimedOp, dependencies
+from optimizer.ops import SPLIT_KINDS, Kind, Op, TimedOp, completion_key, dependencies
 from optimizer.problem import Problem
 
 
@@ -37,6 +45,22 @@ class SubProblem:
     hint: list[int] | None = None  # start of each op in the incumbent
     index: dict[Op, int] = field(default_factory=dict)
     transfer_slack: int = 0  # the most transfer time a one-op-at-a-time schedule can add
+    fusable: list[tuple[int, int, int]] = field(default_factory=list)  # (B, W, fused duration)
+    # (a, b, f): a ends before b starts unless pair f of `fusable` is fused (symmetry)
+    in_order_if_split: list[tuple[int, int, int]] = field(default_factory=list)
+    hint_fused: list[bool] | None = None  # per pair of `fusable`, in the incumbent
+
+    def least_durations(self) -> list[int]:
+        """Each op's shortest duration, fused or split (for bounds on start times)."""
+        return [min(a, b) for a, b in zip(self.duration, self.durations([True] * len(self.fusable)))]
+
+    def durations(self, fused: Sequence[bool] | None) -> list[int]:
+        """Each op's duration under a choice of fused pairs (None: all split)."""
+        duration = list(self.duration)
+        for (b, w, bw), f in zip(self.fusable, fused or ()):
+            if f:
+                duration[b], duration[w] = bw, 0
+        return duration
 
     def horizon(self, objective: str = "makespan") -> int:
         """A makespan that some optimal solution of the objective does not exceed.
@@ -57,7 +81,7 @@ class SubProblem:
         if objective == "span":
             return (self.num_devices + 1) * sequential
         if self.hint is not None:
-            return max([self.floor] + [s + d + q for s, d, q in zip(self.hint, self.duration, self.tail)])
+            return max([self.floor] + [s + d + q for s, d, q in zip(self.hint, self.durations(self.hint_fused), self.tail)])
         return sequential
 
     def hint_span(self) -> int | None:
@@ -65,68 +89,102 @@ class SubProblem:
         if self.hint is None:
             return None
         spans = []
+        duration = self.durations(self.hint_fused)
         for d in range(self.num_devices):
             mine = [j for j in range(len(self.ops)) if self.device[j] == d]
             if mine:
-                spans.append(max(self.hint[j] + self.duration[j] for j in mine) - min(self.hint[j] for j in mine))
+                spans.append(max(self.hint[j] + duration[j] for j in mine) - min(self.hint[j] for j in mine))
         return max(spans, default=0)
 
-    def orders_from_starts(self, starts: Sequence[int]) -> list[list[Op]]:
-        """The free ops of each device sorted by start time."""
-        per_device: list[list[tuple[int, Op]]] = [[] for _ in range(self.num_devices)]
+    def orders_from_starts(self, starts: Sequence[int], fused: Sequence[bool] | None = None) -> list[list[Op]]:
+        """The free ops of each device sorted by start time; a fused pair becomes one BW."""
+        merged: dict[int, Op] = {}
+        dropped: set[int] = set()
+        for (b, w, _), f in zip(self.fusable, fused or ()):
+            if f:
+                merged[b] = fused_op(self.ops[b])
+                dropped.add(w)
+        per_device: list[list[tuple[int, int, Op]]] = [[] for _ in range(self.num_devices)]
         for j, op in enumerate(self.ops):
-            per_device[self.device[j]].append((starts[j], op))
-        return [[op for _, op in sorted(ops, key=lambda x: x[0])] for ops in per_device]
+            if j not in dropped:
+                per_device[self.device[j]].append((starts[j], j, merged.get(j, op)))
+        # Ties (a zero-length op) keep the ops' numbering, which lists B before W.
+        return [[op for _, _, op in sorted(ops, key=lambda x: (x[0], x[1]))] for ops in per_device]
+
+
+def fused_op(op: Op) -> Op:
+    """The fused backward standing for B `op` and its W."""
+    return op._replace(kind=Kind.BW)
 
 
 def _all_ops(problem: Problem) -> list[Op]:
-    return [Op(kind, s, i) for s in range(problem.num_stages) for i in range(problem.num_microbatches) for kind in ("F", "B", "W")]
+    return [
+        Op(kind, s, i, k)
+        for s in range(problem.num_stages)
+        for i in range(problem.num_microbatches)
+        for k in range(problem.num_slices)
+        for kind in SPLIT_KINDS
+    ]
 
 
-def _dependency_op(op: Op, num_stages: int) -> Op | None:
-    """The one op `op` waits for (unsliced problems: at most one; all backwards split here)."""
-    deps = dependencies(op, num_stages)
-    return deps[0] if deps else None
+def _ticks(tables: IntegerTables, op: Op) -> int:
+    return tables.op_ticks(op.kind, op.stage, op.slice)
 
 
 def _memory_delta(tables: IntegerTables, op: Op) -> int:
-    return tables.memory[op.kind][op.stage]
+    return tables.op_delta(op.kind, op.stage, op.slice)
 
 
 def full_subproblem(
     problem: Problem,
     tables: IntegerTables,
-    hint: Sequence[Sequence[TimedOp]] | None = None,
+    hint: Sequence[Sequence[Op]] | None = None,
     symmetry_breaking: bool = True,
 ) -> SubProblem:
-    """Every op free; `hint` is a canonical schedule timed in ticks."""
+    """Every op free, B and W of each backward apart; `hint` is a canonical order (BW where fused).
+
+    Where the fused backward is shorter than B + W on the grid, each (stage, microbatch,
+    slice) may fuse (see the module doc). Symmetry breaking keeps each class (kind,
+    stage, slice) in microbatch order, which some optimal schedule does
+    (optimizer.exact.canonical): Fs and backwards always; a W after the previous
+    microbatch's W only when its own backward is split (a split W may wait past the
+    next microbatch's fused backward, whose W sits at that backward's end).
+    """
     ops = _all_ops(problem)
     index = {op: j for j, op in enumerate(ops)}
-    S, m = problem.num_stages, problem.num_microbatches
+    S, m, K = problem.num_stages, problem.num_microbatches, problem.num_slices
     precedences = []
     for j, op in enumerate(ops):
-        dep = _dependency_op(op, S)
-        if dep is not None:
+        for dep in dependencies(op, S, K):
             delay = tables.comm if tables.device[dep.stage] != tables.device[op.stage] else 0
             precedences.append((index[dep], j, delay))
-    in_order = []
+    duration = [_ticks(tables, op) for op in ops]
+    fusable: list[tuple[int, int, int]] = []
+    pair_of: dict[int, int] = {}  # W's index -> its pair's number in `fusable`
+    for j, op in enumerate(ops):
+        if op.kind == Kind.B:
+            w = index[op._replace(kind=Kind.W)]
+            fused = tables.op_ticks(Kind.BW, op.stage, op.slice)
+            if fused < duration[j] + duration[w]:
+                pair_of[w] = len(fusable)
+                fusable.append((j, w, fused))
+    in_order, in_order_if_split = [], []
     if symmetry_breaking:
         for s in range(S):
-            for kind in ("F", "B", "W"):
-                for i in range(m - 1):
-                    in_order.append((index[Op(kind, s, i)], index[Op(kind, s, i + 1)]))
-    starts = None
-    if hint is not None:
-        starts = [0] * len(ops)
-        for device_ops in hint:
-            for t in device_ops:
-                starts[index[t.op]] = round(t.start)
+            for k in range(K):
+                for kind in SPLIT_KINDS:
+                    for i in range(m - 1):
+                        a, b = index[Op(kind, s, i, k)], index[Op(kind, s, i + 1, k)]
+                        if b in pair_of:
+                            in_order_if_split.append((a, b, pair_of[b]))
+                        else:
+                            in_order.append((a, b))
     p = problem.num_devices
     sub = SubProblem(
         num_devices=p,
         ops=ops,
         device=[tables.device[op.stage] for op in ops],
-        duration=[tables.duration[op.kind][op.stage] for op in ops],
+        duration=duration,
         delta=[_memory_delta(tables, op) for op in ops],
         release=[0] * len(ops),
         tail=[0] * len(ops),
@@ -134,11 +192,39 @@ def full_subproblem(
         in_order=in_order,
         initial_memory=[0] * p,
         limit=list(tables.limit),
-        hint=starts,
         index=index,
+        fusable=fusable,
+        in_order_if_split=in_order_if_split,
     )
-    sub.transfer_slack = tables.comm * 2 * S * m
+    sub.transfer_slack = tables.comm * 2 * S * m * K
+    if hint is not None:
+        _set_hint(sub, tables, S, hint, pair_of)
     return sub
+
+
+def _set_hint(sub: SubProblem, tables: IntegerTables, num_stages: int, orders: Sequence[Sequence[Op]], pair_of: dict[int, int]) -> None:
+    """Starts (and fused choices) of the whole model from a canonical order timed in ticks.
+
+    A BW starts its B; its W starts at the fused end. Where the grid offers no choice
+    (the fused backward is no shorter there), B and W run back to back in BW's place.
+    """
+    starts = [0] * len(sub.ops)
+    fused = [False] * len(sub.fusable)
+    for device_ops in tick_times(tables, num_stages, orders):
+        for t in device_ops:
+            if t.kind != Kind.BW:
+                starts[sub.index[t.op]] = round(t.start)
+                continue
+            b = sub.index[t.op._replace(kind=Kind.B)]
+            w = sub.index[t.op._replace(kind=Kind.W)]
+            starts[b] = round(t.start)
+            if w in pair_of:
+                fused[pair_of[w]] = True
+                starts[w] = round(t.end)
+            else:
+                starts[w] = round(t.start) + sub.duration[b]
+    sub.hint = starts
+    sub.hint_fused = fused
 
 
 def window_subproblem(
@@ -151,12 +237,14 @@ def window_subproblem(
     """Free the ops of a canonical tick-timed schedule that start in [start, stop).
 
     Ops starting earlier keep their times; later ops keep their per-device order, and
-    contribute exact tails and the floor (see the module doc).
+    contribute exact tails and the floor (see the module doc). The incumbent's fused
+    backwards stay fused.
     """
-    S, p = problem.num_stages, problem.num_devices
+    S, K, p = problem.num_stages, problem.num_slices, problem.num_devices
     comm = tables.comm
     device_of = tables.device
     where: dict[Op, tuple[int, int]] = {}  # op -> (device, position)
+    producer: dict[Op, Op] = {}  # completion key -> the op that completes it (B or BW)
     lo = [0] * p
     hi = [0] * p
     for d, device_ops in enumerate(timed):
@@ -164,6 +252,9 @@ def window_subproblem(
         hi[d] = sum(1 for t in device_ops if t.start < stop)
         for k, t in enumerate(device_ops):
             where[t.op] = (d, k)
+            key = completion_key(t)
+            if key is not None:
+                producer[key] = t.op
 
     def part(op: Op) -> str:
         d, k = where[op]
@@ -172,12 +263,14 @@ def window_subproblem(
     def delay(a: Op, b: Op) -> int:
         return comm if device_of[a.stage] != device_of[b.stage] else 0
 
-    # Successors by dependency (each op has at most one dependency; invert the relation).
+    def deps(op: Op) -> list[Op]:
+        return [producer[key] for key in dependencies(op, S, K)]
+
+    # Successors by dependency (invert the relation).
     successors: dict[Op, list[Op]] = {}
     for seq in timed:
         for t in seq:
-            dep = _dependency_op(t.op, S)
-            if dep is not None:
+            for dep in deps(t.op):
                 successors.setdefault(dep, []).append(t.op)
 
     # Longest path from each after-op's start to the end, in decreasing start order.
@@ -203,8 +296,7 @@ def window_subproblem(
         elif k > 0 and k - 1 >= hi[d]:
             prev = timed[d][k - 1]
             est = independent[prev.op] + round(prev.end - prev.start)
-        dep = _dependency_op(t.op, S)
-        if dep is not None:
+        for dep in deps(t.op):
             kind = part(dep)
             if kind == "before":
                 est = max(est, round(_end_of(timed, where, dep)) + delay(dep, t.op))
@@ -222,8 +314,7 @@ def window_subproblem(
         d, k = where[op]
         t = timed[d][k]
         r = round(timed[d][lo[d] - 1].end) if lo[d] > 0 else 0
-        dep = _dependency_op(op, S)
-        if dep is not None:
+        for dep in deps(op):
             if dep in index:
                 precedences.append((index[dep], j, delay(dep, op)))
             else:
@@ -236,14 +327,14 @@ def window_subproblem(
         tail.append(q)
         hint.append(round(t.start))
 
-    # Keep each (stage, kind) in microbatch order inside the window, as in the incumbent.
+    # Keep each (kind, stage, slice) in microbatch order inside the window, as in the incumbent.
     in_order = []
-    last_of: dict[tuple[str, int], int] = {}
+    last_of: dict[tuple[str, int, int], int] = {}
     for j, op in enumerate(ops):
-        key = (op.kind, op.stage)
-        if key in last_of:
-            in_order.append((last_of[key], j))
-        last_of[key] = j
+        cls = (op.kind, op.stage, op.slice)
+        if cls in last_of:
+            in_order.append((last_of[cls], j))
+        last_of[cls] = j
 
     initial = [0] * p
     for d, seq in enumerate(timed):
@@ -252,7 +343,7 @@ def window_subproblem(
         num_devices=p,
         ops=ops,
         device=[device_of[op.stage] for op in ops],
-        duration=[tables.duration[op.kind][op.stage] for op in ops],
+        duration=[_ticks(tables, op) for op in ops],
         delta=[_memory_delta(tables, op) for op in ops],
         release=release,
         tail=tail,

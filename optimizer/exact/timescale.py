@@ -8,6 +8,10 @@ to a valid integer one that is no longer, so the model's lower bound stays a low
 in real units. Memory is rounded conservatively instead (allocations up, frees down, the
 limit down), so every order the model accepts fits the real limit.
 
+Every op's duration is on the grid: each kind of each stage and slice (a slice's F and B
+take its cost share of the stage's time, its W its token share; optimizer.ops), and the
+fused backward BW. Slice memory deltas are the slice's share of the stage's.
+
 Models only decide orders; the final times always come from re-simulating the order in
 the user's floats, so the reported schedule is exact whatever the grid.
 """
@@ -18,6 +22,7 @@ import math
 from dataclasses import dataclass
 from functools import reduce
 
+from optimizer.ops import op_duration, op_memory
 from optimizer.problem import Problem
 
 MIN_TICKS = 1000
@@ -26,6 +31,7 @@ MIN_TICKS = 1000
 MAX_HORIZON_TICKS = 10**9
 MEMORY_UNITS = 10**6  # resolution of memory when no exact decimal grid exists
 KINDS = ("F", "B", "W")
+ALL_KINDS = ("F", "B", "W", "BW")
 
 
 def _exact_decimal_scale(values: list[float], max_power: int) -> int | None:
@@ -47,10 +53,24 @@ class IntegerTables:
     exact_memory: bool
     max_time_rounding: float  # largest relative rounding of any duration (0 when exact)
     device: tuple[int, ...]
-    duration: dict[str, tuple[int, ...]]
+    duration: dict[str, tuple[int, ...]]  # kind -> stage (slice 0; the whole stage when unsliced)
     memory: dict[str, tuple[int, ...]]
     comm: int
     limit: tuple[int | None, ...]  # None when unlimited
+    # kind -> stage -> slice, for every kind including BW
+    slice_duration: dict[str, tuple[tuple[int, ...], ...]]
+    slice_memory: dict[str, tuple[tuple[int, ...], ...]]
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.slice_duration["F"][0])
+
+    def op_ticks(self, kind: str, stage: int, slice: int = 0) -> int:
+        return self.slice_duration[kind][stage][slice]
+
+    def op_delta(self, kind: str, stage: int, slice: int = 0) -> int:
+        """Memory change in integer units (F at its start, the others at their end)."""
+        return self.slice_memory[kind][stage][slice]
 
     def ticks(self, value: float) -> int:
         return math.floor(value * self.time_scale + 1e-9)
@@ -92,11 +112,12 @@ class IntegerTables:
 def integer_tables(problem: Problem) -> IntegerTables:
     """Scale the problem's times and memory to integers (see the module doc for the rules)."""
     t = problem.tables()
-    durations = {"F": t.forward, "B": t.backward_input, "W": t.backward_weight}
-    times = [v for kind in KINDS for v in durations[kind]] + [problem.comm_time]
+    S, K = problem.num_stages, problem.num_slices
+    real = {kind: [[op_duration(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in ALL_KINDS}
+    times = [v for kind in ALL_KINDS for row in real[kind] for v in row] + [problem.comm_time]
     total = (
-        sum(sum(durations[kind]) for kind in KINDS) * problem.num_microbatches
-        + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches
+        sum(v for kind in KINDS for row in real[kind] for v in row) * problem.num_microbatches
+        + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches * K
     )
     exact_scale = _exact_decimal_scale(times, 4)
     exact_time = exact_scale is not None and total * exact_scale <= MAX_HORIZON_TICKS
@@ -106,34 +127,38 @@ def integer_tables(problem: Problem) -> IntegerTables:
         smallest = min(v for v in times if v > 0)
         scale = 10 ** max(0, math.ceil(math.log10(MIN_TICKS / smallest)))
     rounding = 0.0
-    ticks: dict[str, tuple[int, ...]] = {}
-    for kind in KINDS:
-        values = []
-        for v in durations[kind]:
-            tick = max(1, math.floor(v * scale + 1e-9))
-            rounding = max(rounding, abs(v * scale - tick) / (v * scale))
-            values.append(tick)
-        ticks[kind] = tuple(values)
+    ticks: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for kind in ALL_KINDS:
+        rows = []
+        for row in real[kind]:
+            values = []
+            for v in row:
+                tick = max(1, math.floor(v * scale + 1e-9))
+                rounding = max(rounding, abs(v * scale - tick) / (v * scale))
+                values.append(tick)
+            rows.append(tuple(values))
+        ticks[kind] = tuple(rows)
     comm = math.floor(problem.comm_time * scale + 1e-9)
 
-    deltas = {"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight}
+    deltas = {kind: [[op_memory(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in KINDS}
     limits = [None if math.isinf(v) else v for v in t.limit]
-    mem_values = [v for kind in KINDS for v in deltas[kind]]
+    mem_values = [v for kind in KINDS for row in deltas[kind] for v in row]
     exact_memory_scale = _exact_decimal_scale(mem_values + [v for v in limits if v is not None], 6)
     exact_memory = exact_memory_scale is not None
-    memory: dict[str, tuple[int, ...]] = {}
+    memory: dict[str, tuple[tuple[int, ...], ...]]
     mem_scale: float
     if exact_memory_scale is not None:
-        integers = {kind: [round(v * exact_memory_scale) for v in deltas[kind]] for kind in KINDS}
-        divisor = reduce(math.gcd, (abs(v) for kind in KINDS for v in integers[kind]), 0) or 1
-        memory = {kind: tuple(v // divisor for v in integers[kind]) for kind in KINDS}
+        integers = {kind: [[round(v * exact_memory_scale) for v in row] for row in deltas[kind]] for kind in KINDS}
+        divisor = reduce(math.gcd, (abs(v) for kind in KINDS for row in integers[kind] for v in row), 0) or 1
+        memory = {kind: tuple(tuple(v // divisor for v in row) for row in integers[kind]) for kind in KINDS}
         mem_scale = exact_memory_scale / divisor
-        int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
     else:
         mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
         # Allocations up, frees down (towards zero), limit down: conservative.
-        memory = {kind: tuple(math.ceil(v * mem_scale - 1e-9) for v in deltas[kind]) for kind in KINDS}
-        int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
+        memory = {kind: tuple(tuple(math.ceil(v * mem_scale - 1e-9) for v in row) for row in deltas[kind]) for kind in KINDS}
+    int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
+    # A fused backward changes memory by its B and W together (at its end).
+    memory["BW"] = tuple(tuple(b + w for b, w in zip(rb, rw)) for rb, rw in zip(memory["B"], memory["W"]))
 
     return IntegerTables(
         time_scale=float(scale),
@@ -142,18 +167,23 @@ def integer_tables(problem: Problem) -> IntegerTables:
         exact_memory=exact_memory,
         max_time_rounding=rounding,
         device=t.device,
-        duration=ticks,
-        memory=memory,
+        duration={kind: tuple(row[0] for row in ticks[kind]) for kind in ALL_KINDS},
+        memory={kind: tuple(row[0] for row in memory[kind]) for kind in ALL_KINDS},
         comm=comm,
         limit=int_limits,
+        slice_duration=ticks,
+        slice_memory=memory,
     )
 
 
 def tick_problem(problem: Problem, tables: IntegerTables) -> Problem:
-    """The same problem with durations and transfer time in integer ticks (memory unchanged).
+    """The same unsliced problem with durations and transfer time in integer ticks (memory unchanged).
 
-    Simulating an order on it gives the integer times a model's hint needs.
+    Simulating an order on it gives the integer times of the relaxations (unsliced only:
+    a sliced problem's per-slice ticks are no problem's; optimizer.exact.ticktiming times
+    any order in ticks).
     """
+    assert problem.num_slices == 1, "tick problems are unsliced"
     stages = []
     for s, stage in enumerate(problem.stages):
         stages.append(
@@ -162,6 +192,7 @@ def tick_problem(problem: Problem, tables: IntegerTables) -> Problem:
                     "forward": float(tables.duration["F"][s]),
                     "backward_input": float(tables.duration["B"][s]),
                     "backward_weight": float(tables.duration["W"][s]),
+                    "backward": float(tables.duration["BW"][s]) if stage.backward is not None else None,
                 }
             )
         )

@@ -1,0 +1,172 @@
+"""Lower bounds for problems with token slices or a fused backward shorter than B + W.
+
+optimizer.exact.bounds assumes one slice and backwards that gain nothing from fusing;
+this module bounds every problem, and `lower_bound` sends each problem to the tighter
+one that is valid for it.
+
+Relaxed durations. Where a stage's fused backward BW (of a slice) is shorter than B + W,
+a schedule may run either. Replace both by B' = min(B, BW) followed by W' = min(BW, B + W)
+- B' (possibly 0): a fused BW becomes B' then W', together exactly BW long, with the
+input gradient ready no later; a split B, W becomes B' <= B and W' <= W. Every schedule
+thus maps to one of the relaxed ops that is no longer (as-soon-as-possible times only
+shrink when durations do), so a bound on the relaxed problem is a bound. Where fusing
+cannot win, B' = B and W' = W.
+
+Heads and tails per slice. As in optimizer.exact.bounds, every op gets an earliest start
+(head) from the chains that must precede it and a least amount of work that must follow
+it (tail), and each device is a one-machine problem with release dates and delivery
+times whose preemptive optimum (Jackson) bounds the makespan. The chains are the
+dependencies of optimizer.ops (a slice's forward after the previous slice's on its
+stage, a backward after the next slice's), and, from optimizer.exact.canonical, each
+class (kind, stage, slice) in microbatch order: Fs and backwards (B or BW) always, Ws only
+where fusing cannot win (a split W may wait past a later fused backward). No memory
+argument is used here: leaving the memory limit out only relaxes further.
+
+Span: every device's busy time (with the relaxed durations) bounds its span.
+"""
+
+from __future__ import annotations
+
+from optimizer.exact.bounds import LowerBound, jackson_preemptive
+from optimizer.exact.bounds import lower_bound as unsliced_lower_bound
+from optimizer.exact.canonical import fusing_can_win
+from optimizer.ops import Kind, op_duration
+from optimizer.problem import Problem
+
+Table = list[list[list[float]]]  # stage -> microbatch -> slice
+
+
+def needs_general_bound(problem: Problem) -> bool:
+    """Whether optimizer.exact.bounds does not apply: slices, or a stage where fusing can win."""
+    tables = problem.tables()
+    return problem.num_slices > 1 or any(fusing_can_win(tables, s) for s in range(problem.num_stages))
+
+
+def lower_bound(problem: Problem, objective: str = "makespan") -> LowerBound:
+    """The valid lower bound for any problem (see the module doc)."""
+    if not needs_general_bound(problem):
+        return unsliced_lower_bound(problem, objective)
+    busy = busy_bound(problem)
+    if objective == "span":
+        return busy
+    heads_tails = heads_and_tails_bound(problem)
+    return heads_tails if heads_tails.value > busy.value * (1 + 1e-12) else busy
+
+
+def relaxed_durations(problem: Problem) -> dict[str, list[list[float]]]:
+    """kind -> stage -> slice: F, and the relaxed B' and W' of the module doc."""
+    t = problem.tables()
+    S, K = problem.num_stages, problem.num_slices
+    dur: dict[str, list[list[float]]] = {kind: [[0.0] * K for _ in range(S)] for kind in (Kind.F, Kind.B, Kind.W)}
+    for s in range(S):
+        for k in range(K):
+            b, w, bw = (op_duration(t, kind, s, k) for kind in (Kind.B, Kind.W, Kind.BW))
+            dur[Kind.F][s][k] = op_duration(t, Kind.F, s, k)
+            dur[Kind.B][s][k] = min(b, bw)
+            dur[Kind.W][s][k] = min(bw, b + w) - min(b, bw)
+    return dur
+
+
+def busy_bound(problem: Problem) -> LowerBound:
+    """The busiest device's work with the relaxed durations."""
+    dur = relaxed_durations(problem)
+    device = problem.tables().device
+    work = [0.0] * problem.num_devices
+    for s in range(problem.num_stages):
+        work[device[s]] += problem.num_microbatches * sum(dur[kind][s][k] for kind in dur for k in range(problem.num_slices))
+    value = max(work)
+    return LowerBound(value, f"busy time of device {work.index(value)} (fused backward where shorter)")
+
+
+def _links(problem: Problem) -> list[float]:
+    device = problem.tables().device
+    S = problem.num_stages
+    return [problem.comm_time if s + 1 < S and device[s] != device[s + 1] else 0.0 for s in range(S)]
+
+
+def _ordered_w(problem: Problem) -> list[list[bool]]:
+    """stage -> slice: whether the Ws of that class run in microbatch order in some optimal schedule."""
+    t = problem.tables()
+    return [[not fusing_can_win(t, s, k) for k in range(problem.num_slices)] for s in range(problem.num_stages)]
+
+
+def sliced_heads(problem: Problem) -> dict[str, Table]:
+    """Earliest start of every op (kind -> stage -> microbatch -> slice)."""
+    S, m, K = problem.num_stages, problem.num_microbatches, problem.num_slices
+    dur, comm, ordered_w = relaxed_durations(problem), _links(problem), _ordered_w(problem)
+    head = {kind: [[[0.0] * K for _ in range(m)] for _ in range(S)] for kind in dur}
+    F, B, W = head[Kind.F], head[Kind.B], head[Kind.W]
+    dF, dB, dW = dur[Kind.F], dur[Kind.B], dur[Kind.W]
+    for i in range(m):
+        for s in range(S):
+            for k in range(K):
+                h = 0.0
+                if s > 0:
+                    h = F[s - 1][i][k] + dF[s - 1][k] + comm[s - 1]
+                if k > 0:
+                    h = max(h, F[s][i][k - 1] + dF[s][k - 1])
+                if i > 0:
+                    h = max(h, F[s][i - 1][k] + dF[s][k])
+                F[s][i][k] = h
+        for s in reversed(range(S)):
+            for k in reversed(range(K)):
+                h = F[s][i][k] + dF[s][k] if s == S - 1 else B[s + 1][i][k] + dB[s + 1][k] + comm[s]
+                if k + 1 < K:
+                    h = max(h, B[s][i][k + 1] + dB[s][k + 1])
+                if i > 0:
+                    h = max(h, B[s][i - 1][k] + dB[s][k])
+                B[s][i][k] = h
+        for s in range(S):
+            for k in range(K):
+                h = B[s][i][k] + dB[s][k]
+                if i > 0 and ordered_w[s][k]:
+                    h = max(h, W[s][i - 1][k] + dW[s][k])
+                W[s][i][k] = h
+    return head
+
+
+def sliced_tails(problem: Problem) -> dict[str, Table]:
+    """Least work that must follow the end of every op (kind -> stage -> microbatch -> slice)."""
+    S, m, K = problem.num_stages, problem.num_microbatches, problem.num_slices
+    dur, comm, ordered_w = relaxed_durations(problem), _links(problem), _ordered_w(problem)
+    tail = {kind: [[[0.0] * K for _ in range(m)] for _ in range(S)] for kind in dur}
+    F, B, W = tail[Kind.F], tail[Kind.B], tail[Kind.W]
+    dF, dB, dW = dur[Kind.F], dur[Kind.B], dur[Kind.W]
+    for i in reversed(range(m)):
+        for s in range(S):
+            for k in range(K):
+                W[s][i][k] = W[s][i + 1][k] + dW[s][k] if i + 1 < m and ordered_w[s][k] else 0.0
+        for s in range(S):
+            for k in range(K):
+                q = dW[s][k] + W[s][i][k]
+                if i + 1 < m:
+                    q = max(q, dB[s][k] + B[s][i + 1][k])
+                if k > 0:
+                    q = max(q, dB[s][k - 1] + B[s][i][k - 1])
+                if s > 0:
+                    q = max(q, comm[s - 1] + dB[s - 1][k] + B[s - 1][i][k])
+                B[s][i][k] = q
+        for s in reversed(range(S)):
+            for k in reversed(range(K)):
+                q = dB[s][k] + B[s][i][k] if s == S - 1 else comm[s] + dF[s + 1][k] + F[s + 1][i][k]
+                if k + 1 < K:
+                    q = max(q, dF[s][k + 1] + F[s][i][k + 1])
+                if i + 1 < m:
+                    q = max(q, dF[s][k] + F[s][i + 1][k])
+                F[s][i][k] = q
+    return tail
+
+
+def heads_and_tails_bound(problem: Problem) -> LowerBound:
+    """The largest per-device preemptive one-machine bound with per-slice heads and tails."""
+    dur = relaxed_durations(problem)
+    head, tail = sliced_heads(problem), sliced_tails(problem)
+    device = problem.tables().device
+    jobs: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
+    for kind in dur:
+        for s in range(problem.num_stages):
+            for i in range(problem.num_microbatches):
+                for k in range(problem.num_slices):
+                    jobs[device[s]].append((head[kind][s][i][k], dur[kind][s][k], tail[kind][s][i][k]))
+    value = max(jackson_preemptive(device_jobs) for device_jobs in jobs)
+    return LowerBound(value, "warm-up, work and cool-down per slice (heads and tails)")

@@ -1,0 +1,79 @@
+"""Random problems with token slices and a fused backward time, and random valid orders of them.
+
+Shared by the tests of the exact stack on sliced and fused-or-split problems.
+"""
+
+from __future__ import annotations
+
+import random
+
+from factories import random_problem
+
+from optimizer.ops import Kind, Op, completion_key, dependencies
+from optimizer.problem import Problem
+
+
+def sliced_problem(
+    rng: random.Random,
+    p: int,
+    m: int,
+    num_slices: int,
+    placement: str = "linear",
+    *,
+    limit: float | None = None,
+    fused_ratio: float | None = None,
+    decimals: int | None = 2,
+) -> Problem:
+    """A random problem with `num_slices` slices of random shares and costs (later slices dearer).
+
+    fused_ratio: each stage's fused backward is this times B + W (None: B + W, the default).
+    decimals: shares, costs and times on that many decimals (an exact grid when the
+    products stay within the integer models' four).
+    """
+    base = random_problem(rng, p, m, placement, limit=limit, decimals=decimals)
+    data = base.model_dump()
+    if num_slices > 1:
+        weights = [rng.randint(1, 4) for _ in range(num_slices)]
+        shares = _fractions(weights)
+        # Attention makes later slices dearer: costs grow with the prefix.
+        costs = _fractions(sorted(w * (k + 1) for k, w in enumerate(weights)))
+        data["num_slices"] = num_slices
+        data["slices"] = [{"share": a, "cost": c} for a, c in zip(shares, costs)]
+        if limit is not None:  # one microbatch's worth still fits (the base limit allowed it)
+            data["memory_limit"] = max(limit, max(st["memory"]["forward"] for st in data["stages"]))
+    if fused_ratio is not None:
+        for stage in data["stages"]:
+            stage["backward"] = round(fused_ratio * (stage["backward_input"] + stage["backward_weight"]), 2)
+    return Problem.model_validate(data)
+
+
+def _fractions(weights: list[int]) -> list[float]:
+    """Weights as fractions with two decimals summing to exactly 1 (the last takes the rest)."""
+    total = sum(weights)
+    parts = [max(0.01, round(w / total, 2)) for w in weights[:-1]]
+    return parts + [round(1.0 - sum(parts), 2)]
+
+
+def random_sliced_order(problem: Problem, rng: random.Random, fused_share: float = 0.5) -> list[list[Op]]:
+    """A random valid order (no memory limit): each backward fused with probability `fused_share`."""
+    S, m, K = problem.num_stages, problem.num_microbatches, problem.num_slices
+    device = problem.tables().device
+    pending: list[Op] = []
+    for s in range(S):
+        for i in range(m):
+            for k in range(K):
+                pending.append(Op(Kind.F, s, i, k))
+                if rng.random() < fused_share:
+                    pending.append(Op(Kind.BW, s, i, k))
+                else:
+                    pending += [Op(Kind.B, s, i, k), Op(Kind.W, s, i, k)]
+    done: set[Op] = set()
+    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    while pending:
+        ready = [op for op in pending if all(d in done for d in dependencies(op, S, K))]
+        op = rng.choice(ready)
+        pending.remove(op)
+        key = completion_key(op)
+        done.add(key if key is not None else op)
+        orders[device[op.stage]].append(op)
+    return orders
