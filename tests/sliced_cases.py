@@ -38,9 +38,8 @@ def sliced_problem(
         # Attention makes later slices dearer: costs grow with the prefix.
         costs = _fractions(sorted(w * (k + 1) for k, w in enumerate(weights)))
         data["num_slices"] = num_slices
+        # The base limit fits one whole microbatch; its slices need no more.
         data["slices"] = [{"share": a, "cost": c} for a, c in zip(shares, costs)]
-        if limit is not None:  # one microbatch's worth still fits (the base limit allowed it)
-            data["memory_limit"] = max(limit, max(st["memory"]["forward"] for st in data["stages"]))
     if fused_ratio is not None:
         for stage in data["stages"]:
             stage["backward"] = round(fused_ratio * (stage["backward_input"] + stage["backward_weight"]), 2)

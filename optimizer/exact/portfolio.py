@@ -138,6 +138,10 @@ class Phase:
     applies: Callable[[Problem, SolveOptions], bool]
     share: float | dict[str, float]
     run: Callable[[Problem, IntegerTables, SolveOptions, Tracker, float], None]
+    # Whether the phase starts from the incumbent. The whole model does not: on a problem
+    # no starting point fits (the list schedulers, which always find one, do not order
+    # token slices) it is the one way to a schedule.
+    needs_incumbent: bool = True
 
 
 def _small(problem: Problem, options: SolveOptions) -> bool:
@@ -165,8 +169,10 @@ def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> Non
     starting_points(problem, tracker)
     tables = integer_tables(problem)
     for phase in PHASES:
-        if tracker.best is None or tracker.closed() or tracker.left() <= 0:
+        if tracker.closed() or tracker.left() <= 0:
             return
+        if tracker.best is None and phase.needs_incumbent:
+            continue
         if phase.applies(problem, options):
             tracker.report(phase.name)
             share = phase.share[options.objective] if isinstance(phase.share, dict) else phase.share
@@ -205,7 +211,7 @@ PHASES: tuple[Phase, ...] = (
     # 1F1B's memory on Zero Bubble's settings.
     Phase("device relaxations (lower bound)", _relaxable, RELAXATION_SHARE, relaxation_bounds),
     Phase("window search", _small, WINDOW_SHARE_SMALL, window_search),
-    Phase("whole CP-SAT model", _small, 1.0, whole_model),
+    Phase("whole CP-SAT model", _small, 1.0, whole_model, needs_incumbent=False),
     Phase("periodic steady state", _large_unsliced, PERIODIC_SHARE, periodic_patterns),
     Phase("window search", _large, 1.0, window_search),
 )

@@ -98,7 +98,7 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
     for j, (_, d, _k) in enumerate(flat):
         t = ops[j]
         s = float(start[j])
-        timed[d].append(TimedOp(t.kind, t.stage, t.microbatch, s, s + float(duration[j])))
+        timed[d].append(t._replace(start=s, end=s + float(duration[j])))
     # Rounding could in principle stop the relaxation short; ASAP times are never wrong.
     return timed if _longest_span(timed) <= _longest_span(asap) else asap
 
@@ -137,7 +137,7 @@ def affordable(problem: Problem) -> bool:
     the V placement, too slow for every starting point of a short solve; larger problems
     time only the final schedule this way.
     """
-    ops = 3 * problem.num_stages * problem.num_microbatches
+    ops = 3 * problem.num_stages * problem.num_microbatches * problem.num_slices
     return ops * problem.num_devices <= AFFORDABLE_STEPS
 
 

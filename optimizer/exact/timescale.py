@@ -30,6 +30,8 @@ MIN_TICKS = 1000
 # linear relaxation well conditioned when values stay moderate.
 MAX_HORIZON_TICKS = 10**9
 MEMORY_UNITS = 10**6  # resolution of memory when no exact decimal grid exists
+MEMORY_DECIMALS = 10  # most decimals of an exact memory grid
+MAX_MEMORY_UNITS = 10**15  # largest exact memory integer (sums of a few thousand stay exact in int64)
 KINDS = ("F", "B", "W")
 ALL_KINDS = ("F", "B", "W", "BW")
 
@@ -143,7 +145,12 @@ def integer_tables(problem: Problem) -> IntegerTables:
     deltas = {kind: [[op_memory(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in KINDS}
     limits = [None if math.isinf(v) else v for v in t.limit]
     mem_values = [v for kind in KINDS for row in deltas[kind] for v in row]
-    exact_memory_scale = _exact_decimal_scale(mem_values + [v for v in limits if v is not None], 6)
+    # A slice's delta is its share times the stage's: two-decimal shares of six-decimal
+    # deltas need eight. Exact while the integers stay far from overflow.
+    memory_values = mem_values + [v for v in limits if v is not None]
+    exact_memory_scale = _exact_decimal_scale(memory_values, MEMORY_DECIMALS)
+    if exact_memory_scale is not None and max(abs(v) for v in memory_values) * exact_memory_scale > MAX_MEMORY_UNITS:
+        exact_memory_scale = None
     exact_memory = exact_memory_scale is not None
     memory: dict[str, tuple[tuple[int, ...], ...]]
     mem_scale: float
