@@ -19,6 +19,7 @@ from optimizer.exact.slicebounds import lower_bound
 from optimizer.exact.spantiming import timed_for
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
+from optimizer.problem import Problem
 from optimizer.simulate import simulate
 from optimizer.validate import validate
 
@@ -49,6 +50,7 @@ TINY = [
 def test_the_tiny_cases_are_small_enough_and_on_an_exact_grid():
     for case in TINY:
         problem = case.values[0]
+        assert isinstance(problem, Problem)
         assert problem.num_slices > 1
         assert count_orders(problem) <= 20_000
         assert integer_tables(problem).exact_time
