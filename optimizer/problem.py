@@ -329,10 +329,12 @@ def uniform_problem(
     mem_backward_input: float = 0.0,
     mem_backward_weight: float | None = None,
     memory_limit: float | list[float] | None = None,
+    backward: float | None = None,
 ) -> Problem:
     """A problem whose stages all have the same times and memory deltas.
 
-    ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero.
+    ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero;
+    ``backward`` (the fused BW time) to B + W.
     """
     try:
         check_size(num_devices, None, num_microbatches)  # before the placement lists a stage per device
@@ -349,6 +351,7 @@ def uniform_problem(
             "backward_input": mem_backward_input,
             "backward_weight": mem_backward_weight,
         },
+        **({"backward": backward} if backward is not None else {}),
     }
     from optimizer.io import validate_model
 

@@ -11,6 +11,7 @@ from factories import random_slices
 from optimizer.errors import InputError
 from optimizer.io import validate_model
 from optimizer.problem import Problem, uniform_problem
+from optimizer.render import chrome_trace, gantt_svg
 from optimizer.schedules import GENERATORS, generate, generate_all
 from optimizer.schedules.gpipe import gpipe
 from optimizer.schedules.one_f_one_b import one_f_one_b
@@ -106,3 +107,13 @@ def test_every_sliced_family_is_valid_on_uneven_attention_slices():
         for name in SLICED:
             assert GENERATORS[name].reason(problem) is None
             assert validate(problem, generate(problem, name).devices) == [], name
+
+
+def test_pictures_and_traces_label_ops_mb_dot_slice():
+    schedule = generate(sliced(2, 2, 3), "seq1f1b")
+    svg = gantt_svg(schedule)
+    assert ">1.2</text>" in svg and "BW stage 0 mb 1.2:" in svg
+    names = {event["name"] for event in chrome_trace(schedule)["traceEvents"] if event["ph"] == "X"}
+    assert "F0 mb1.2" in names and "BW1 mb0.0" in names
+    unsliced = gantt_svg(generate(uniform_problem(2, 2), "1f1b"))
+    assert "F stage 0 mb 1:" in unsliced and "mb 1.0" not in unsliced
