@@ -263,10 +263,18 @@ def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
 
     Its ops on the device's `stages` follow the F's in stage order, then the B's in reverse
     stage order (the only order the dependencies allow), each W counted right after its B
-    (the earliest it can free). Entry 0 is the microbatch's peak on the device.
+    (the earliest it can free). With token slices, each stage's F's run slice by slice and
+    its B's in reverse, each a share of the stage's deltas (the order the dependencies ask
+    for on a device with one stage). Entry 0 is the microbatch's peak on the device.
     """
-    steps = [(tables.mem_forward[s], 0.0) for s in stages]
-    steps += [(tables.mem_backward_input[s], tables.mem_backward_weight[s]) for s in reversed(stages)]
+    shares = tables.slice_share
+    slices = range(len(shares))
+    steps = [(tables.mem_forward[s] * shares[k], 0.0) for s in stages for k in slices]
+    steps += [
+        (tables.mem_backward_input[s] * shares[k], tables.mem_backward_weight[s] * shares[k])
+        for s in reversed(stages)
+        for k in reversed(slices)
+    ]
     peaks = [0.0] * (len(steps) + 1)
     for k in range(len(steps) - 1, -1, -1):
         first, then = steps[k]

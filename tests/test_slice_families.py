@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 
+import factories
 import pytest
 from factories import random_slices
 
 from optimizer.errors import InputError
+from optimizer.exact import SolveOptions, solve
 from optimizer.io import validate_model
 from optimizer.problem import Problem, uniform_problem
 from optimizer.render import chrome_trace, gantt_svg
@@ -48,7 +50,7 @@ def test_they_refuse_unsliced_problems_and_the_others_refuse_sliced_ones():
             generate(uniform_problem(2, 2), name)
     with pytest.raises(InputError, match="does not order token slices"):
         generate(sliced(2, 2, 2), "1f1b")
-    assert set(generate_all(sliced(2, 2, 2))[0]) == set(SLICED)
+    assert set(generate_all(sliced(2, 2, 2))[0]) == {*SLICED, "greedy"}  # greedy orders slices too
     assert not set(generate_all(uniform_problem(2, 2))[0]) & set(SLICED)
 
 
@@ -117,3 +119,37 @@ def test_pictures_and_traces_label_ops_mb_dot_slice():
     assert "F0 mb1.2" in names and "BW1 mb0.0" in names
     unsliced = gantt_svg(generate(uniform_problem(2, 2), "1f1b"))
     assert "F stage 0 mb 1:" in unsliced and "mb 1.0" not in unsliced
+
+
+def test_greedy_orders_slices_within_the_memory_limit():
+    """The list engine over units: valid, never over the limit, for limits from one
+    microbatch's peak up (one stage per device), and at any placement without a limit."""
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(60):
+        p, m, k = rng.randint(1, 4), rng.randint(1, 4), rng.randint(2, 4)
+        placement = rng.choice(["linear", "vshape", "interleaved:2"])
+        limit = rng.choice([None, 1.0, 1.5, 3.0]) if placement == "linear" else None
+        problem = factories.random_problem(rng, p, m, placement, slices=k, limit=limit, forward_memory=(0.5, 1.0, 2.0))
+        schedule = generate(problem, "greedy")
+        assert validate(problem, schedule.devices) == []
+        checked += 1
+    assert checked == 60
+
+
+def test_greedy_refuses_slices_under_a_limit_on_several_stages_per_device():
+    problem = factories.random_problem(random.Random(1), 2, 2, "vshape", slices=2, limit=2.0)
+    with pytest.raises(InputError, match="one stage per device"):
+        generate(problem, "greedy")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_auto_on_sliced_problems_is_valid_and_no_worse_than_any_sliced_family(seed):
+    rng = random.Random(seed)
+    problem = factories.random_problem(rng, rng.randint(2, 4), rng.randint(1, 3), slices=rng.randint(2, 4), limit=rng.choice([None, 2.0]))
+    schedule = solve(problem, "auto", SolveOptions(time_limit=2.0))
+    assert validate(problem, schedule.devices) == []
+    families, _ = generate_all(problem)
+    fitting = [s.makespan for s in families.values() if s.fits_memory()]
+    assert fitting and schedule.makespan <= min(fitting) * (1 + 1e-9)
+    assert schedule.metrics.lower_bound is not None and schedule.metrics.lower_bound <= schedule.makespan * (1 + 1e-9)
