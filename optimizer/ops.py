@@ -31,7 +31,7 @@ class Kind(StrEnum):
 
 
 KINDS: tuple[Kind, ...] = (Kind.F, Kind.B, Kind.W, Kind.BW)
-SPLIT_KINDS: tuple[Kind, ...] = (Kind.F, Kind.B, Kind.W)  # the kinds of a schedule whose backwards are all split
+SPLIT_KINDS: tuple[str, ...] = (Kind.F, Kind.B, Kind.W)  # a schedule whose backwards are all split; str: dict keys with "F"
 
 
 class Op(NamedTuple):
