@@ -485,6 +485,8 @@ def compare(
 ) -> None:
     """Compare every applicable schedule family: makespan, bubble, peak memory, fits the limit."""
     loaded = load_problem(problem_file)
+    if with_torch and loaded.num_slices > 1:
+        raise InputError(f"--torch: torch.distributed.pipelining's schedules have no token slices ({problem_file} has {loaded.num_slices})")
     rows = torch_comparison_rows(loaded) if with_torch else comparison_rows(loaded)
     if as_json:
         print(json.dumps(rows))

@@ -100,3 +100,24 @@ def test_problem_command_refuses_bad_slice_options(tmp_path, options, message):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_sliced_schedules_go_through_solve_validate_show_and_refuse_torch_formats(tmp_path):
+    def run(*args: str):
+        return runner.invoke(app, [str(a) for a in args])
+
+    problem = tmp_path / "p.json"
+    assert run("problem", "-p", "3", "-m", "2", "--slices", "3", "--slice-cost", "attention", "--hidden", "64",
+               "--sequence-length", "90", "-o", problem).exit_code == 0  # fmt: skip
+    schedule = tmp_path / "s.json"
+    assert run("solve", problem, "--method", "auto", "--time-limit", "1", "-q", "-o", schedule).exit_code == 0
+    assert json.loads(schedule.read_text())["version"] == 2
+    assert run("validate", schedule).exit_code == 0
+    assert run("show", schedule, "-o", tmp_path / "s.svg").exit_code == 0 and ">0.2<" in (tmp_path / "s.svg").read_text()
+    for args, message in (
+        (("solve", problem, "--method", "cpsat", "-o", tmp_path / "x.json"), "cpsat does not handle token slices"),
+        (("export", schedule, "--format", "torch-csv", "-o", tmp_path / "x.csv"), "torch-csv has no token slices"),
+        (("compare", problem, "--torch"), "--torch: torch.distributed.pipelining's schedules have no token slices"),
+    ):
+        result = run(*args)
+        assert result.exit_code == 2 and message in result.stderr, result.stderr
