@@ -18,8 +18,9 @@ B's through each microbatch's slices in reverse (what the slice dependencies ask
 a stage's F's and B's are each one sequence of positions as microbatches are without
 slices. Memory is kept per microbatch (all its slices), and its trajectory on a device
 is the order above (`one_microbatch_peaks`); that order is the only one on a device with
-one stage, so under a memory limit sliced problems need one stage per device (`sliced_
-support`); without a limit any placement works.
+one stage. On a device with several stages the slices of different stages may
+interleave, and the engine bounds a microbatch's future by its F's not yet run, which
+needs B and W to free memory only (`sliced_support`); without a limit anything works.
 
 Memory safety, the reason it never deadlocks, whatever the policy. On a device, call a
 microbatch live from its first F there until its last W there; live microbatches are
@@ -125,11 +126,11 @@ def check_memory_feasible(problem: Problem) -> None:
 
 def sliced_support(problem: Problem) -> str | None:
     """Why the engine cannot order this problem's token slices safely (None: it can)."""
-    if problem.num_slices == 1 or problem.memory_limit is None:
+    if problem.num_slices == 1 or problem.memory_limit is None or problem.num_stages == problem.num_devices:
         return None
-    if problem.num_stages == problem.num_devices:
-        return None
-    return "orders token slices under a memory limit with one stage per device only"
+    if any(stage.memory.backward_input > 0 or stage.memory.backward_weight > 0 for stage in problem.stages):
+        return "orders token slices under a memory limit with one stage per device, or with B and W only freeing memory"
+    return None
 
 
 def _oldest_first(op: Op) -> tuple[int, int, int]:
@@ -148,9 +149,23 @@ class DeviceMemory:
     P_j = max(allocating pending, all pending + peaks[steps]) bounds what j can still
     add, provided a B of j never runs while j has W's pending on the device; that rule
     is only needed (`irregular`) where some B or W allocates.
+
+    `peaks[steps]` assumes j's F's and B's run on the device in one order. With token
+    slices on a device with several stages they need not, so there `forward_total` (one
+    microbatch's F allocations on the device) is given and, B and W freeing only, j can
+    still add exactly its F's not yet run, in any order (all of a microbatch's F's come
+    before its B's).
     """
 
-    def __init__(self, limit: float, peaks: list[float], ops_per_microbatch: int, irregular: bool, w_alloc_total: float):
+    def __init__(
+        self,
+        limit: float,
+        peaks: list[float],
+        ops_per_microbatch: int,
+        irregular: bool,
+        w_alloc_total: float,
+        forward_total: float | None = None,
+    ):
         self.tracking = math.isfinite(limit)  # with no limit there is nothing to check
         self.limit = limit + _REL_TOLERANCE * max(1.0, abs(limit)) if self.tracking else limit
         self.peaks = peaks
@@ -164,10 +179,19 @@ class DeviceMemory:
         self.steps: dict[int, int] = {}
         self.pending: dict[int, tuple[float, float, int]] = {}
         self.left: dict[int, int] = {}
+        self.forward_total = forward_total
+        self.forwards_done: dict[int, float] = {}
+
+    def _rest(self, mb: int, step: int = 0, forward: float = 0.0) -> float:
+        """What mb's F's and B's can still add after `step` more of them (`forward`: that
+        one's allocation when it is an F)."""
+        if self.forward_total is None:
+            return self.peaks[self.steps.get(mb, 0) + step]
+        return max(0.0, self.forward_total - self.forwards_done.get(mb, 0.0) - forward)
 
     def future(self, mb: int) -> float:
         w_sum, w_alloc, _ = self.pending.get(mb, (0.0, 0.0, 0))
-        return max(w_alloc, w_sum + self.peaks[self.steps.get(mb, 0)])
+        return max(w_alloc, w_sum + self._rest(mb))
 
     def admits(self, forwards: list[float]) -> bool:
         """Could a new microbatch join while every live one keeps room for its next forward?
@@ -184,7 +208,7 @@ class DeviceMemory:
 
     # An op is (delta, F/B step 0 or 1, change of the pending W's).
     def allows_forward(self, mb: int, a: float) -> bool:
-        return self._allows(mb, a, 1, (0.0, 0.0, 0))
+        return self._allows(mb, a, 1, (0.0, 0.0, 0), forward=a)
 
     def allows_backward(self, mb: int, b: float, w: float) -> bool:
         return self._allows(mb, b, 1, (w, max(0.0, w), 1))
@@ -194,6 +218,8 @@ class DeviceMemory:
 
     def apply_forward(self, mb: int, a: float) -> None:
         self._apply(mb, a, 1, (0.0, 0.0, 0))
+        if self.tracking:
+            self.forwards_done[mb] = self.forwards_done.get(mb, 0.0) + a
 
     def apply_backward(self, mb: int, b: float, w: float) -> None:
         self._apply(mb, b, 1, (w, max(0.0, w), 1))
@@ -201,13 +227,13 @@ class DeviceMemory:
     def apply_weight(self, mb: int, w: float) -> None:
         self._apply(mb, w, 0, (-w, -max(0.0, w), -1))
 
-    def _allows(self, mb: int, delta: float, step: int, change: tuple[float, float, int]) -> bool:
+    def _allows(self, mb: int, delta: float, step: int, change: tuple[float, float, int], forward: float = 0.0) -> bool:
         if delta <= 0.0 or not self.tracking:
             return True  # freeing never breaks the invariant: every suffix sum shrinks
         if self.held_positive + delta + self.bound_p <= self.limit:
             return True
         w_sum, w_alloc, _ = self.pending.get(mb, (0.0, 0.0, 0))
-        after = max(w_alloc + change[1], w_sum + change[0] + self.peaks[self.steps.get(mb, 0) + step])
+        after = max(w_alloc + change[1], w_sum + change[0] + self._rest(mb, step, forward))
         older = 0.0
         for j in self.live:
             if j == mb:
@@ -235,6 +261,7 @@ class DeviceMemory:
         if self.left[mb] == 0:
             self.held_positive -= max(self.held.pop(mb), 0.0)
             del self.steps[mb], self.left[mb], self.pending[mb]
+            self.forwards_done.pop(mb, None)
             self.live.remove(mb)
 
 
@@ -268,6 +295,7 @@ class _ListScheduler:
                 3 * len(self.stages_on[d]) * self.k,
                 any(t.mem_backward_input[s] > 0 or t.mem_backward_weight[s] > 0 for s in self.stages_on[d]),
                 sum(max(0.0, t.mem_backward_weight[s]) for s in self.stages_on[d]),
+                self._order_free_forwards(d),
             )
             for d in range(self.p)
         ]
@@ -297,6 +325,14 @@ class _ListScheduler:
         self.wakes: list[tuple[float, int]] = [(0.0, d) for d in range(self.p)]
         self.relaxed = False  # set if the heuristics ever idled every device (a safety net)
         self.makespan = 0.0
+
+    def _order_free_forwards(self, d: int) -> float | None:
+        """One microbatch's F allocations on device d where its slices' order there is not
+        fixed (several stages; see DeviceMemory), else None."""
+        stages = self.stages_on[d]
+        if self.k == 1 or len(stages) == 1:
+            return None
+        return sum(op_memory(self.tables, "F", s, k) for s in stages for k in range(self.k))
 
     def _in_flight_cap(self, d: int) -> int | None:
         factor = self.policy.in_flight
