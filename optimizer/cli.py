@@ -172,9 +172,20 @@ def problem(
     mem_backward_input: float = typer.Option(0.0, help="Memory change when B ends (<= 0)."),
     mem_backward_weight: float | None = typer.Option(None, help="Memory change when W ends; default: whatever makes the three sum to 0."),
     memory_limit: float | None = typer.Option(None, help="Per-device memory limit; default unlimited."),
+    backward: float | None = typer.Option(None, help="Fused backward (BW) time of one stage; default B + W."),
+    slices: int = typer.Option(1, min=1, help="Token slices per microbatch (sequence), K."),
+    slice_lengths: str = typer.Option("even", help="even | dp (TeraPipe's dynamic program for the slice lengths)."),
+    slice_cost: str = typer.Option("linear", help="linear (cost follows tokens) | attention (24h^2 + 4h·position per token)."),
+    sequence_length: int = typer.Option(4096, min=1, help="Tokens per sequence, for the slice rules."),
+    hidden: int = typer.Option(4096, min=1, help="Hidden size h, for --slice-cost attention."),
+    slice_overhead: float = typer.Option(0.0, help="Fixed time per slice, as a fraction of a whole sequence's F or B (>= 0)."),
     output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
 ) -> None:
-    """Write a uniform problem JSON (every stage the same), to edit or to solve."""
+    """Write a uniform problem JSON (every stage the same), to edit or to solve.
+
+    With --slices K each microbatch is one sequence cut into K token slices; their lengths
+    and costs follow --slice-lengths and --slice-cost (README, Token slices).
+    """
     for option, value in (
         ("--forward", forward),
         ("--backward-input", backward_input),
@@ -184,9 +195,18 @@ def problem(
         ("--mem-backward-input", mem_backward_input),
         ("--mem-backward-weight", mem_backward_weight),
         ("--memory-limit", memory_limit),
+        ("--backward", backward),
+        ("--slice-overhead", slice_overhead),
     ):
         finite_option(option, value)
+    if slice_overhead < 0:
+        raise InputError(f"--slice-overhead: must be >= 0, got {slice_overhead:g}")
     check_outputs([output])
+    from optimizer.slicing import slice_model, with_slices  # numpy: only when a problem is built
+
+    model = slice_model(
+        sequence_length, slices, lengths=slice_lengths, cost=slice_cost, hidden=hidden, stages=devices, overhead=slice_overhead
+    )
     built = uniform_problem(
         devices,
         microbatches,
@@ -199,9 +219,14 @@ def problem(
         mem_backward_input=mem_backward_input,
         mem_backward_weight=mem_backward_weight,
         memory_limit=memory_limit,
+        backward=backward,
     )
+    if slices > 1:
+        built = with_slices(built, model)
     write_json_atomic(output, built.to_json())
     print(f"wrote {output}: {built.num_devices} devices, {built.num_stages} stages, {built.num_microbatches} microbatches")
+    if slices > 1:  # the lengths are only in this line: the problem keeps shares and costs
+        print(f"slices: {', '.join(map(str, model.lengths))} tokens; F/B cost shares {', '.join(f'{c:.3f}' for c in model.costs)}")
 
 
 @app.command(epilog=families_epilog())
@@ -460,15 +485,18 @@ def compare(
 ) -> None:
     """Compare every applicable schedule family: makespan, bubble, peak memory, fits the limit."""
     loaded = load_problem(problem_file)
+    if with_torch and loaded.num_slices > 1:
+        raise InputError(f"--torch: torch.distributed.pipelining's schedules have no token slices ({problem_file} has {loaded.num_slices})")
     rows = torch_comparison_rows(loaded) if with_torch else comparison_rows(loaded)
     if as_json:
         print(json.dumps(rows))
     else:
         limit = loaded.memory_limit if loaded.memory_limit is not None else "none"
+        sliced = f" x {loaded.num_slices} token slices" if loaded.num_slices > 1 else ""
         print_comparison(
             rows,
             f"{problem_file}: {loaded.num_devices} devices, {loaded.num_stages} stages, "
-            f"{loaded.num_microbatches} microbatches, memory limit {limit}",
+            f"{loaded.num_microbatches} microbatches{sliced}, memory limit {limit}",
         )
 
 

@@ -263,10 +263,18 @@ def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
 
     Its ops on the device's `stages` follow the F's in stage order, then the B's in reverse
     stage order (the only order the dependencies allow), each W counted right after its B
-    (the earliest it can free). Entry 0 is the microbatch's peak on the device.
+    (the earliest it can free). With token slices, each stage's F's run slice by slice and
+    its B's in reverse, each a share of the stage's deltas (the order the dependencies ask
+    for on a device with one stage). Entry 0 is the microbatch's peak on the device.
     """
-    steps = [(tables.mem_forward[s], 0.0) for s in stages]
-    steps += [(tables.mem_backward_input[s], tables.mem_backward_weight[s]) for s in reversed(stages)]
+    shares = tables.slice_share
+    slices = range(len(shares))
+    steps = [(tables.mem_forward[s] * shares[k], 0.0) for s in stages for k in slices]
+    steps += [
+        (tables.mem_backward_input[s] * shares[k], tables.mem_backward_weight[s] * shares[k])
+        for s in reversed(stages)
+        for k in reversed(slices)
+    ]
     peaks = [0.0] * (len(steps) + 1)
     for k in range(len(steps) - 1, -1, -1):
         first, then = steps[k]
@@ -329,10 +337,12 @@ def uniform_problem(
     mem_backward_input: float = 0.0,
     mem_backward_weight: float | None = None,
     memory_limit: float | list[float] | None = None,
+    backward: float | None = None,
 ) -> Problem:
     """A problem whose stages all have the same times and memory deltas.
 
-    ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero.
+    ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero;
+    ``backward`` (the fused BW time) to B + W.
     """
     try:
         check_size(num_devices, None, num_microbatches)  # before the placement lists a stage per device
@@ -349,6 +359,7 @@ def uniform_problem(
             "backward_input": mem_backward_input,
             "backward_weight": mem_backward_weight,
         },
+        **({"backward": backward} if backward is not None else {}),
     }
     from optimizer.io import validate_model
 

@@ -54,30 +54,30 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[lis
     while runnable:
         d = runnable.pop()
         ops = orders[d]
-        while head[d] < len(ops):
+        n = len(ops)
+        while head[d] < n:
             op = ops[head[d]]
             start = free_at[d]
-            blocked = False
             for key in dependencies(op, num_stages, num_slices):
                 dep_end = ended.get(key)
                 if dep_end is None:
                     waiting[key].append(d)
-                    blocked = True
                     break
-                if device_of[key.stage] != d:
+                if device_of[key[1]] != d:
                     dep_end += comm
                 if dep_end > start:
                     start = dep_end
-            if blocked:
-                break
-            end = start + op_duration(tables, op.kind, op.stage, op.slice)
-            timed[d].append(TimedOp(op.kind, op.stage, op.microbatch, start, end, op.slice))
-            free_at[d] = end
-            head[d] += 1
-            done = completion_key(op)
-            if done is not None:
-                ended[done] = end
-                runnable.extend(waiting.pop(done, ()))
+            else:  # every dependency has ended: run the op
+                end = start + op_duration(tables, op.kind, op.stage, op.slice)
+                timed[d].append(TimedOp(op.kind, op.stage, op.microbatch, start, end, op.slice))
+                free_at[d] = end
+                head[d] += 1
+                done = completion_key(op)
+                if done is not None:
+                    ended[done] = end
+                    runnable.extend(waiting.pop(done, ()))
+                continue
+            break
 
     stuck = {d: str(orders[d][head[d]]) for d in range(len(orders)) if head[d] < len(orders[d])}
     if stuck:

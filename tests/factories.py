@@ -45,9 +45,10 @@ def random_problem(
         value = rng.uniform(low, high)
         return value if decimals is None else max(10.0**-decimals, round(value, decimals))
 
-    stages = []
+    stages, forwards = [], []
     for device in placement_devices(placement, p):
         allocated = rng.choice(forward_memory)
+        forwards.append(allocated)
         kept = round(rng.uniform(0.2, 0.6) * allocated, 6)
         f, b, w = time(0.3, 2.0), time(0.3, 2.0), time(0.1, 1.5)  # drawn in this order since the first seeds
         stage = {
@@ -72,7 +73,9 @@ def random_problem(
         data["slices"] = random_slices(rng, slices)
     if limit is not None:
         need = max(Problem.model_validate(data).min_memory_limit())
-        data["memory_limit"] = max(limit, need)
+        # A slice's share of a stage's forward rounds: the sliced peak may come out a few ulps
+        # below one whole forward, which every limit must hold.
+        data["memory_limit"] = max(limit, need, max(forwards))
     return Problem.model_validate(data)
 
 

@@ -211,6 +211,8 @@ PLACEMENT_OF = {
     "dualpipe-v": "vshape",
     "greedy": "interleaved:3",
     "terapipe": "vshape",
+    "seq1f1b": "linear",
+    "seq1f1b-zb": "linear",
 }
 
 

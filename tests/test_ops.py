@@ -225,3 +225,13 @@ def test_ops_is_a_leaf_and_schedule_reads_no_files():
     assert _modules_after_import("optimizer.ops") == {"optimizer", "optimizer.ops"}
     loaded = _modules_after_import("optimizer.schedule")
     assert not loaded & {"optimizer.simulate", "optimizer.validate", "optimizer.formats", "optimizer.io"}, loaded
+
+
+def test_compare_sees_when_fusing_wins():
+    """B = W = 1 split, 1.2 fused (a 40% price for splitting): 1F1B's fused backwards beat
+    ZB-H1's split ones, which they did not when BW was timed as B + W."""
+    fused_cheap = uniform_problem(4, 8, 1.0, 1.0, 1.0, backward=1.2)
+    assert generate(fused_cheap, "1f1b").makespan == pytest.approx((8 + 3) * 2.2)
+    assert generate(fused_cheap, "1f1b").makespan < generate(fused_cheap, "zb-h1").makespan
+    split_free = uniform_problem(4, 8, 1.0, 1.0, 1.0)
+    assert generate(split_free, "1f1b").makespan > generate(split_free, "zb-h1").makespan

@@ -30,6 +30,7 @@ from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.exact.tracker import Tracker
 from optimizer.problem import Problem
+from optimizer.schedules.listengine import sliced_support
 from optimizer.simulate import simulate
 
 # Up to this many ops the whole model is worth running: CP-SAT proves p=4, m=16
@@ -70,8 +71,8 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     )
     for c in found:
         tracker.offer(c.schedule, c.name)
-    # The list-scheduler policies order unsliced problems only (so far).
-    for policy in policies() if problem.num_slices == 1 else ():
+    # The list-scheduler policies order token slices where the engine can (listengine).
+    for policy in policies() if sliced_support(problem) is None else ():
         # Once a fitting schedule is known and the known schedules' share of the time is
         # spent, a list schedule (as slow as a simulation) would overrun a short limit.
         if tracker.best is not None and (tracker.left() <= 0 or tracker.elapsed() >= GENERATOR_SHARE * tracker.time_limit):

@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 from functools import reduce
 
-from optimizer.ops import op_duration, op_memory
+from optimizer.ops import KINDS as ALL_KINDS
+from optimizer.ops import SPLIT_KINDS, op_duration, op_memory
 from optimizer.problem import Problem
 
 MIN_TICKS = 1000
@@ -32,8 +33,6 @@ MAX_HORIZON_TICKS = 10**9
 MEMORY_UNITS = 10**6  # resolution of memory when no exact decimal grid exists
 MEMORY_DECIMALS = 10  # most decimals of an exact memory grid
 MAX_MEMORY_UNITS = 10**15  # largest exact memory integer (sums of a few thousand stay exact in int64)
-KINDS = ("F", "B", "W")
-ALL_KINDS = ("F", "B", "W", "BW")
 
 
 def _exact_decimal_scale(values: list[float], max_power: int) -> int | None:
@@ -115,10 +114,10 @@ def integer_tables(problem: Problem) -> IntegerTables:
     """Scale the problem's times and memory to integers (see the module doc for the rules)."""
     t = problem.tables()
     S, K = problem.num_stages, problem.num_slices
-    real = {kind: [[op_duration(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in ALL_KINDS}
+    real: dict[str, list[list[float]]] = {kind: [[op_duration(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in ALL_KINDS}
     times = [v for kind in ALL_KINDS for row in real[kind] for v in row] + [problem.comm_time]
     total = (
-        sum(v for kind in KINDS for row in real[kind] for v in row) * problem.num_microbatches
+        sum(sum(row) for kind in SPLIT_KINDS for row in real[kind]) * problem.num_microbatches
         + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches * K
     )
     exact_scale = _exact_decimal_scale(times, 4)
@@ -142,9 +141,9 @@ def integer_tables(problem: Problem) -> IntegerTables:
         ticks[kind] = tuple(rows)
     comm = math.floor(problem.comm_time * scale + 1e-9)
 
-    deltas = {kind: [[op_memory(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in KINDS}
+    deltas = {kind: [[op_memory(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in SPLIT_KINDS}
     limits = [None if math.isinf(v) else v for v in t.limit]
-    mem_values = [v for kind in KINDS for row in deltas[kind] for v in row]
+    mem_values = [v for kind in SPLIT_KINDS for row in deltas[kind] for v in row]
     # A slice's delta is its share times the stage's: two-decimal shares of six-decimal
     # deltas need eight. Exact while the integers stay far from overflow.
     memory_values = mem_values + [v for v in limits if v is not None]
@@ -155,14 +154,14 @@ def integer_tables(problem: Problem) -> IntegerTables:
     memory: dict[str, tuple[tuple[int, ...], ...]]
     mem_scale: float
     if exact_memory_scale is not None:
-        integers = {kind: [[round(v * exact_memory_scale) for v in row] for row in deltas[kind]] for kind in KINDS}
-        divisor = reduce(math.gcd, (abs(v) for kind in KINDS for row in integers[kind] for v in row), 0) or 1
-        memory = {kind: tuple(tuple(v // divisor for v in row) for row in integers[kind]) for kind in KINDS}
+        integers = {kind: [[round(v * exact_memory_scale) for v in row] for row in deltas[kind]] for kind in SPLIT_KINDS}
+        divisor = reduce(math.gcd, (abs(v) for kind in SPLIT_KINDS for row in integers[kind] for v in row), 0) or 1
+        memory = {kind: tuple(tuple(v // divisor for v in row) for row in integers[kind]) for kind in SPLIT_KINDS}
         mem_scale = exact_memory_scale / divisor
     else:
         mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
         # Allocations up, frees down (towards zero), limit down: conservative.
-        memory = {kind: tuple(tuple(math.ceil(v * mem_scale - 1e-9) for v in row) for row in deltas[kind]) for kind in KINDS}
+        memory = {kind: tuple(tuple(math.ceil(v * mem_scale - 1e-9) for v in row) for row in deltas[kind]) for kind in SPLIT_KINDS}
     int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
     # A fused backward changes memory by its B and W together (at its end).
     memory["BW"] = tuple(tuple(b + w for b, w in zip(rb, rw)) for rb, rw in zip(memory["B"], memory["W"]))

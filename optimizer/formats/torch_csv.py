@@ -49,6 +49,8 @@ def action_text(op: Op) -> str:
 
 def export_rows(schedule: Schedule) -> list[list[str]]:
     """One row of torch actions per device, in the schedule's order."""
+    if schedule.problem.num_slices > 1:  # torch's actions name a stage and a microbatch only
+        raise InputError(f"format: {NAME} has no token slices; this schedule has {schedule.problem.num_slices} per microbatch")
     return [[action_text(op) for op in device] for device in schedule.order()]
 
 
@@ -113,6 +115,8 @@ def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> Impo
     or microbatch the problem does not have, or a stage on another rank than the problem
     places it.
     """
+    if problem.num_slices > 1:
+        raise InputError(f"{source}: {NAME} has no token slices; the problem has {problem.num_slices} per microbatch")
     rows = list(csv.reader(io.StringIO(text)))
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()  # a trailing blank line is not a rank

@@ -11,6 +11,8 @@ from optimizer.schedules import (
     greedy,
     interleaved,
     one_f_one_b,
+    seq1f1b,
+    seq1f1b_zb,
     terapipe,
     v_auto,
     v_half,
@@ -28,7 +30,23 @@ from optimizer.simulate import simulate
 # first, so that a short time limit, which cuts that phase off, still gets them.
 GENERATORS: dict[str, Generator] = {
     module.GENERATOR.name: module.GENERATOR
-    for module in (zb_auto, v_auto, gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v, v_half, v_min, dualpipe_v, terapipe, greedy)
+    for module in (
+        zb_auto,
+        v_auto,
+        gpipe,
+        one_f_one_b,
+        interleaved,
+        zb_h1,
+        zb_h2,
+        zb_v,
+        v_half,
+        v_min,
+        dualpipe_v,
+        terapipe,
+        seq1f1b,
+        seq1f1b_zb,
+        greedy,
+    )
 }
 
 
