@@ -16,7 +16,7 @@ from optimizer.problem import uniform_problem
 from optimizer.schedule import load_schedule, save_schedule
 from optimizer.schedules import generate
 
-pytestmark = []  # pure Python, fast: no marker
+pytestmark: list[pytest.MarkDecorator] = []  # pure Python and fast: no marker
 
 runner = CliRunner()
 
