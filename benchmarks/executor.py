@@ -63,6 +63,9 @@ TORCH_PEERS = {
     "dualpipe-v": "ScheduleDualPipeV",
 }
 SPLIT_1F1B = "1f1b, split B/W"
+# Per schedule and step: our executor, torch's runtime on the same order, torch's built-in
+# peer (step seconds), and the CPU seconds of the first two.
+ENGINE_KEYS = ("ours", "csv", "peer", "ours cpu", "csv cpu")
 EXAMPLE = "example:layers=8,hidden=128,heads=4,vocab=512,seq_len=64,batch_size=4"
 PLACEMENT_FAMILIES = {
     "linear": ["gpipe", "1f1b", "zb-h1", "zb-h2"],
@@ -112,7 +115,7 @@ class BenchJob:
             runs[name] = (ours, same_order, peer)
 
         busy: dict = {}
-        times: dict[str, dict[str, list[float]]] = {name: {"ours": [], "csv": [], "peer": []} for name in runs}
+        times: dict[str, dict[str, list[float]]] = {name: {engine: [] for engine in ENGINE_KEYS} for name in runs}
         for step in range(self.warmup + self.rounds):
             measured = step >= self.warmup
             for profile_session in profiling.values():
@@ -120,9 +123,14 @@ class BenchJob:
                     if measured:
                         busy.setdefault(key, []).extend(values)
             for name, (ours, same_order, peer) in runs.items():
-                seconds = {"ours": ours.step(step).seconds}
+                # CPU seconds of the whole rank process (gloo's threads too): unlike the
+                # step time, hardly changed by other jobs sharing the cores.
+                cpu = time.process_time()
+                seconds = {"ours": ours.step(step).seconds, "ours cpu": time.process_time() - cpu}
                 ours.update()
+                cpu = time.process_time()
                 seconds["csv"], _ = same_order.step(step)
+                seconds["csv cpu"] = time.process_time() - cpu
                 same_order.update()
                 if peer is not None:
                     seconds["peer"] = peer.step(step)
@@ -274,6 +282,12 @@ def _engine_ms(gathered: Iterable, name: str, engine: str) -> float | None:
     return _median_ms([times[name][engine] for times, _ in gathered])
 
 
+def _cpu_ms(gathered: Iterable, name: str, engine: str) -> float:
+    """Median over steps of the CPU time all ranks spent in the step."""
+    per_rank = [times[name][engine] for times, _ in gathered]
+    return statistics.median(sum(rank[i] for rank in per_rank) for i in range(len(per_rank[0]))) * 1e3
+
+
 def is_synthetic(model: str) -> bool:
     return model == "synthetic" or model.startswith("synthetic:")
 
@@ -395,6 +409,8 @@ def run_profiled(args) -> dict:
                     "predicted_ms_with_split_times": simulate(problem, schedule.order()).makespan,
                     "torch_runtime_ms": same_order,
                     "ours_over_torch_runtime": ours / same_order,
+                    "cpu_ms_ours": _cpu_ms(gathered, family, "ours cpu"),
+                    "cpu_ms_torch_runtime": _cpu_ms(gathered, family, "csv cpu"),
                     "torch_class": TORCH_PEERS.get(family),
                     "torch_ms": peer,
                     "ours_over_torch": ours / peer if peer else None,
@@ -480,6 +496,8 @@ def run_synthetic(args) -> dict:
                 "torch_runtime_ms": theirs,
                 "torch_runtime_error": (theirs - schedule.makespan) / schedule.makespan,
                 "ours_over_torch_runtime": ours / theirs,
+                "cpu_ms_ours": _cpu_ms(gathered, name, "ours cpu"),
+                "cpu_ms_torch_runtime": _cpu_ms(gathered, name, "csv cpu"),
             }
         )
     print(
@@ -494,12 +512,13 @@ def run_synthetic(args) -> dict:
 
 def print_synthetic(rows: list[dict]) -> dict:
     """The synthetic table, and auto's realized share of its predicted gain over 1f1b."""
-    print("| schedule | fits | predicted ms | ours ms | error | torch runtime ms | error | ours / torch |")
-    print("|---|:-:|---:|---:|---:|---:|---:|---:|")
+    print("| schedule | fits | predicted ms | ours ms | error | torch runtime ms | error | ours / torch | CPU ours / torch |")
+    print("|---|:-:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['schedule']} | {'yes' if r['fits_memory'] else 'no'} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error']:+.1%} "
-            f"| {r['torch_runtime_ms']:.1f} | {r['torch_runtime_error']:+.1%} | {r['ours_over_torch_runtime']:.3f} |"
+            f"| {r['torch_runtime_ms']:.1f} | {r['torch_runtime_error']:+.1%} | {r['ours_over_torch_runtime']:.3f} "
+            f"| {r['cpu_ms_ours'] / r['cpu_ms_torch_runtime']:.3f} |"
         )
     by_name = {r["schedule"]: r for r in rows}
     predicted_gain = by_name["1f1b"]["predicted_ms"] - by_name["auto"]["predicted_ms"]
@@ -543,15 +562,19 @@ def print_gain(gains: dict) -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    header = "| schedule | measured ms | predicted ms | error | torch runtime, same order ms | ours / torch runtime | torch.distributed.pipelining | torch ms | ours / torch |"
+    header = (
+        "| schedule | measured ms | predicted ms | error | torch runtime, same order ms | ours / torch runtime | CPU ours / torch runtime "
+        "| torch.distributed.pipelining | torch ms | ours / torch |"
+    )
     print(header)
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for r in rows:
         torch_ms = f"{r['torch_ms']:.1f}" if r["torch_ms"] else "-"
         ratio = f"{r['ours_over_torch']:.3f}" if r["ours_over_torch"] else "-"
         print(
             f"| {r['schedule']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} | {r['predicted_error']:+.1%} "
-            f"| {r['torch_runtime_ms']:.1f} | {r['ours_over_torch_runtime']:.3f} | {r['torch_class'] or '-'} | {torch_ms} | {ratio} |"
+            f"| {r['torch_runtime_ms']:.1f} | {r['ours_over_torch_runtime']:.3f} | {r['cpu_ms_ours'] / r['cpu_ms_torch_runtime']:.3f} "
+            f"| {r['torch_class'] or '-'} | {torch_ms} | {ratio} |"
         )
 
 
