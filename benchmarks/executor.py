@@ -1,21 +1,41 @@
-"""Executor benchmark: measured step time vs the simulator's prediction vs torch.distributed.pipelining.
+"""Executor benchmark: measured step time vs the simulator's prediction vs torch's runtime.
 
-For each placement the schedule families need (linear, interleaved:2, vshape), it
-profiles the example model on the same ranks (`pipesched profile`) and builds each
-family's schedule from it (on the linear placement also the optimizer's `auto` schedule,
-solved from that profile); then runs, in one process group and one step of each in
-turn, every schedule with our executor, the same model and split under
-torch.distributed.pipelining's corresponding schedule, and the profiler's orders. The
-prediction is the simulator's makespan of the schedule's order on the problem profiled
-alongside the runs (BW ops timed with the profiled fused backward, as they run), so a
-burst of load elsewhere on the machine hits measurement and prediction alike. A step's time is from the ranks leaving a barrier to the last rank ending
-its ops (sends done); the optimizer update is outside it on both sides. Last, how much
-of the gain over 1f1b that the simulator predicts for `auto` the run realizes.
+Two modes, one script.
 
-    python benchmarks/executor.py                     # 2 ranks x 1 thread on CPU (gloo)
+A real model (the default, `--model example:...`). For each placement the schedule
+families need (linear, interleaved:2, vshape), it profiles the model on the same ranks
+(`pipesched profile`) and builds each family's schedule from it (on the linear placement
+also the optimizer's `auto` schedule, solved from that profile); then runs, in one
+process group and one step of each in turn, every schedule with our executor, with
+torch's runtime on the same order (`--engine torch`: the schedule's CSV in
+`_PipelineScheduleRuntime`), the same model and split under torch.distributed.pipelining's
+corresponding built-in schedule, and the profiler's orders. The prediction is the
+simulator's makespan of the schedule's order on the problem profiled alongside the runs
+(BW ops timed with the profiled fused backward, as they run), so a burst of load
+elsewhere on the machine hits measurement and prediction alike.
+
+The synthetic model (`--model synthetic`, runtime/synthetic.py) at pipeline depth. Each
+op sleeps its time from the problem, in ms, so 8-16 ranks fit on two cores and the
+measured step time can be set against the simulator's prediction for the same problem:
+the gap is the executor's own cost (and the machine's). The problem is heterogeneous
+(first stage x1.3, last x1.8) and memory-tight (a limit halfway between V-Min's peak and
+p activations, so 1F1B and ZB-H1 exceed it and the optimizer has to work). Schedules:
+1f1b, zb-h1, the best family that fits, and the optimizer's `auto`; each runs on our
+executor and on torch's runtime from the same CSV, one step of each in turn.
+
+In both, a step's time is from the ranks leaving a barrier to the last rank ending its
+ops (sends done), the median over steps of the slowest rank; the optimizer update is
+outside it on both sides. Last, how much of the gain over 1f1b that the simulator
+predicts for `auto` the run realizes.
+
+    python benchmarks/executor.py                          # example model, 2 ranks x 1 thread (gloo)
+    python benchmarks/executor.py --devices 4 --placements linear
     python benchmarks/executor.py --backend nccl --devices 8
+    python benchmarks/executor.py --model synthetic --devices 8
+    python benchmarks/executor.py --model synthetic --devices 16
 
-Prints a table and writes benchmarks/results/executor.json.
+Prints a table and writes benchmarks/results/executor.json (a real model on 2 ranks),
+executor-p{devices}.json (on more) or executor-synthetic-p{devices}.json.
 """
 
 from __future__ import annotations
@@ -26,6 +46,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +63,10 @@ TORCH_PEERS = {
     "dualpipe-v": "ScheduleDualPipeV",
 }
 SPLIT_1F1B = "1f1b, split B/W"
+# Per schedule and step: our executor, torch's runtime on the same order, torch's built-in
+# peer (step seconds), and the CPU seconds of the first two.
+ENGINE_KEYS = ("ours", "csv", "peer", "ours cpu", "csv cpu")
+EXAMPLE = "example:layers=8,hidden=128,heads=4,vocab=512,seq_len=64,batch_size=4"
 PLACEMENT_FAMILIES = {
     "linear": ["gpipe", "1f1b", "zb-h1", "zb-h2"],
     "interleaved:2": ["interleaved-1f1b"],
@@ -51,18 +76,19 @@ PLACEMENT_FAMILIES = {
 
 @dataclass(frozen=True)
 class BenchJob:
-    """On every rank: each schedule with our executor and with its torch peer, and the
-    profiling orders, one step of each in turn, so that a burst of load elsewhere on the
-    machine hits every measurement alike (the prediction included)."""
+    """On every rank: each schedule with our executor, with torch's runtime on the same
+    order (its CSV), with its torch built-in peer (`peers`), and the profiling orders
+    (`profile`: devices, microbatches, placement), one step of each in turn, so that a
+    burst of load elsewhere on the machine hits every measurement alike (the prediction
+    included)."""
 
-    schedules: dict  # family -> schedule JSON
+    schedules: dict  # name -> schedule JSON
     model: str
-    devices: int
-    microbatches: int
-    placement: str
     rounds: int
     warmup: int
-    timeout_s: float = 120.0
+    profile: tuple[int, int, str] | None = None
+    peers: bool = True
+    timeout_s: float = 300.0
 
     def execute(self, rank, world_size, device):
         import torch.distributed as dist
@@ -70,40 +96,50 @@ class BenchJob:
         from optimizer.schedule import schedule_from_json
         from runtime.profile import ping_pong, profiling_schedule, timed_steps
         from runtime.session import open_session
+        from runtime.torch_engine import TorchSession
 
-        def session(schedule):
-            return open_session(schedule, self.model, rank, world_size, device, self.timeout_s)
+        def session(schedule, name):
+            return open_session(schedule, self.model, rank, world_size, device, self.timeout_s, source=name, model_problem=schedule.problem)
 
-        profiling = {
-            fused: session(profiling_schedule(self.devices, self.microbatches, self.placement, fused=fused)) for fused in (False, True)
-        }
+        profiling = {}
+        if self.profile is not None:
+            devices, microbatches, placement = self.profile
+            for fused in (False, True):
+                profiling[fused] = session(profiling_schedule(devices, microbatches, placement, fused=fused), "profile")
         runs = {}
-        for family, schedule_json in self.schedules.items():
-            ours = session(schedule_from_json(schedule_json, family, check=False))
-            peer = _TorchPeer(TORCH_PEERS[family], self.model, ours.plan, device) if family in TORCH_PEERS else None
-            runs[family] = (ours, peer)
+        for name, schedule_json in self.schedules.items():
+            schedule = schedule_from_json(schedule_json, name, check=False)
+            ours = session(schedule, name)
+            same_order = TorchSession(schedule, self.model, rank, world_size, device, name)
+            peer = _TorchPeer(TORCH_PEERS[name], self.model, ours.plan, device) if self.peers and name in TORCH_PEERS else None
+            runs[name] = (ours, same_order, peer)
 
         busy: dict = {}
-        times: dict[str, dict[str, list[float]]] = {family: {"ours": [], "torch": []} for family in runs}
+        times: dict[str, dict[str, list[float]]] = {name: {engine: [] for engine in ENGINE_KEYS} for name in runs}
         for step in range(self.warmup + self.rounds):
             measured = step >= self.warmup
             for profile_session in profiling.values():
                 for key, values in timed_steps(profile_session, 1, step).items():
                     if measured:
                         busy.setdefault(key, []).extend(values)
-            for family, (ours, peer) in runs.items():
-                result = ours.step(step)
+            for name, (ours, same_order, peer) in runs.items():
+                # CPU seconds of the whole rank process (gloo's threads too): unlike the
+                # step time, hardly changed by other jobs sharing the cores.
+                cpu = time.process_time()
+                seconds = {"ours": ours.step(step).seconds, "ours cpu": time.process_time() - cpu}
                 ours.update()
-                seconds = peer.step(step) if peer is not None else None
+                cpu = time.process_time()
+                seconds["csv"], _ = same_order.step(step)
+                seconds["csv cpu"] = time.process_time() - cpu
+                same_order.update()
+                if peer is not None:
+                    seconds["peer"] = peer.step(step)
                 if measured:
-                    times[family]["ours"].append(result.seconds)
-                    if seconds is not None:
-                        times[family]["torch"].append(seconds)
-        profile: tuple = (
-            {key: statistics.median(values) * 1e3 for key, values in busy.items()},
-            {},
-            ping_pong(profiling[False], device),
-        )
+                    for engine, value in seconds.items():
+                        times[name][engine].append(value)
+        profile = None
+        if profiling:
+            profile = ({key: statistics.median(values) * 1e3 for key, values in busy.items()}, {}, ping_pong(profiling[False], device))
         gathered: list = [None] * world_size
         dist.all_gather_object(gathered, (times, profile))
         return gathered if rank == 0 else None
@@ -241,39 +277,97 @@ def _median_ms(per_rank: list[list[float]]) -> float | None:
     return statistics.median(max(rank[i] for rank in per_rank) for i in range(len(per_rank[0]))) * 1e3
 
 
+def _engine_ms(gathered: Iterable, name: str, engine: str) -> float | None:
+    """`gathered`: every rank's (times, profile) from BenchJob."""
+    return _median_ms([times[name][engine] for times, _ in gathered])
+
+
+def _cpu_ms(gathered: Iterable, name: str, engine: str) -> float:
+    """Median over steps of the CPU time all ranks spent in the step."""
+    per_rank = [times[name][engine] for times, _ in gathered]
+    return statistics.median(sum(rank[i] for rank in per_rank) for i in range(len(per_rank[0]))) * 1e3
+
+
+def is_synthetic(model: str) -> bool:
+    return model == "synthetic" or model.startswith("synthetic:")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--microbatches", type=int, default=None, help="default 8 (a real model), 2 x devices (synthetic)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    parser.add_argument("--model", default="example:layers=8,hidden=128,heads=4,vocab=512,seq_len=64,batch_size=4")
-    parser.add_argument("--steps", type=int, default=25, help="measured steps of each run (after 3 warm-up steps)")
-    parser.add_argument("--solve-seconds", type=float, default=10.0, help="time limit of the `auto` schedule (0: skip it)")
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "executor.json")
+    parser.add_argument("--model", default=EXAMPLE, help="a real model (default: the example model), or synthetic[:options]")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps of each run, after the warm-up (default 25; synthetic 5)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 3; synthetic 1)")
+    parser.add_argument(
+        "--solve-seconds", type=float, default=None, help="time limit of the `auto` schedule (default 10; synthetic 20; 0: skip it)"
+    )
+    parser.add_argument("--placements", default=",".join(PLACEMENT_FAMILIES), help="real model: placements to run, comma-separated")
+    parser.add_argument("--base-ms", type=float, default=20.0, help="synthetic: F and B of a middle stage, ms (W is 0.75 x)")
+    parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
 
     from runtime.forkserver import rank_context
 
     rank_context()  # the rank server imports torch while we do
+    load_at_start = os.getloadavg()
+    if is_synthetic(args.model):
+        result = run_synthetic(args)
+        default_output = ROOT / "benchmarks" / "results" / f"executor-synthetic-p{args.devices}.json"
+    else:
+        result = run_profiled(args)
+        name = "executor.json" if args.devices == 2 else f"executor-p{args.devices}.json"
+        default_output = ROOT / "benchmarks" / "results" / name
+    print(f"\nload average (1 min) at start {load_at_start[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
+    from optimizer.io import write_json_atomic
+
+    result["setup"].update(
+        {
+            "backend": args.backend,
+            "devices": args.devices,
+            "threads_per_rank": args.threads,
+            "model": args.model,
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "torch": __import__("torch").__version__,
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+            "step_time": "median over steps of the slowest rank, barrier to last op and sends done; optimizer update excluded",
+        }
+    )
+    output = args.output or default_output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output, result)
+    print(f"wrote {output}")
+
+
+def run_profiled(args) -> dict:
+    """A real model: profile, build every family, run on both engines and torch's peers."""
     from optimizer.exact import SolveOptions, solve
     from optimizer.exact.canonical import split_fused
-    from optimizer.io import write_json_atomic
     from optimizer.problem import Problem
     from optimizer.schedules import GENERATORS, generate
     from optimizer.simulate import simulate
     from runtime.launch import launch
     from runtime.profile import ProfileJob, profile_result, with_fused_backward
 
-    load_at_start = os.getloadavg()
+    microbatches = args.microbatches or 8
+    steps = 25 if args.steps is None else args.steps
+    warmup = 3 if args.warmup is None else args.warmup
+    solve_seconds = 10.0 if args.solve_seconds is None else args.solve_seconds
     rows = []
-    for placement, families in PLACEMENT_FAMILIES.items():
-        families = [f for f in families if f in GENERATORS]
+    for placement in args.placements.split(","):
+        if placement not in PLACEMENT_FAMILIES:
+            raise SystemExit(f"error: --placements: '{placement}' is not one of {', '.join(PLACEMENT_FAMILIES)}")
+        families = [f for f in PLACEMENT_FAMILIES[placement] if f in GENERATORS]
         # A short profile gives the orders (some families look at the times); the
         # prediction uses the profile measured alongside the runs.
         started = time.perf_counter()
-        quick = ProfileJob(args.model, args.devices, args.microbatches, placement, steps=3, timeout_s=120)
+        quick = ProfileJob(args.model, args.devices, microbatches, placement, steps=3, timeout_s=120)
         problem = Problem.model_validate(launch(quick, args.devices, args.backend, args.threads)["problem"])
         print(f"profiled {placement} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         schedules = {}
@@ -283,30 +377,25 @@ def main() -> None:
                 schedules[family] = generate(problem, family)
             else:
                 print(f"skip {family}: {reason}", file=sys.stderr)
-        if placement == "linear" and args.solve_seconds > 0:
+        if placement == "linear" and solve_seconds > 0:
             # 1f1b with each fused backward run as B then W: the same ops as `auto`, so
             # the two differ only in their order (the split's own cost is the same).
             schedules[SPLIT_1F1B] = simulate(problem, split_fused(schedules["1f1b"].order()), method=SPLIT_1F1B)
-            schedules["auto"] = solve(problem, "auto", SolveOptions(time_limit=args.solve_seconds))
+            schedules["auto"] = solve(problem, "auto", SolveOptions(time_limit=solve_seconds))
         job = BenchJob(
-            {f: s.to_json() for f, s in schedules.items()},
-            args.model,
-            args.devices,
-            args.microbatches,
-            placement,
-            args.steps,
-            warmup=3,
+            {f: s.to_json() for f, s in schedules.items()}, args.model, steps, warmup, profile=(args.devices, microbatches, placement)
         )
         started = time.perf_counter()
         gathered = launch(job, args.devices, args.backend, args.threads)
         print(f"ran {placement} schedules in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-        profiled = profile_result(args.devices, args.microbatches, placement, [profile for _, profile in gathered])
+        profiled = profile_result(args.devices, microbatches, placement, [profile for _, profile in gathered])
         problem = Problem.model_validate(profiled["problem"])
         fused_problem = with_fused_backward(problem, profiled["fused_backward_ms"])
         for family, schedule in schedules.items():
-            ours = _median_ms([times[family]["ours"] for times, _ in gathered])
-            peer = _median_ms([times[family]["torch"] for times, _ in gathered])
-            assert ours is not None, "every schedule ran on our executor"
+            ours = _engine_ms(gathered, family, "ours")
+            same_order = _engine_ms(gathered, family, "csv")
+            peer = _engine_ms(gathered, family, "peer")
+            assert ours is not None and same_order is not None, "every schedule ran on both engines"
             # A BW op runs the fused backward, cheaper than B + W: time it as measured.
             fused = any(op.kind == "BW" for device in schedule.devices for op in device)
             predicted = simulate(fused_problem if fused else problem, schedule.order()).makespan
@@ -318,40 +407,126 @@ def main() -> None:
                     "predicted_ms": predicted,
                     "predicted_error": (predicted - ours) / ours,
                     "predicted_ms_with_split_times": simulate(problem, schedule.order()).makespan,
+                    "torch_runtime_ms": same_order,
+                    "ours_over_torch_runtime": ours / same_order,
+                    "cpu_ms_ours": _cpu_ms(gathered, family, "ours cpu"),
+                    "cpu_ms_torch_runtime": _cpu_ms(gathered, family, "csv cpu"),
                     "torch_class": TORCH_PEERS.get(family),
                     "torch_ms": peer,
                     "ours_over_torch": ours / peer if peer else None,
-                    "steps": args.steps,
+                    "steps": steps,
                     "profile": profiled,
                 }
             )
-            print(f"{family}: ours {ours:.1f} ms, predicted {predicted:.1f} ms, torch {peer or float('nan'):.1f} ms", file=sys.stderr)
+            print(f"{family}: ours {ours:.1f} ms, predicted {predicted:.1f} ms, torch runtime {same_order:.1f} ms", file=sys.stderr)
 
-    print_table(rows, args)
+    print(
+        f"\n{args.devices} ranks x {args.threads} thread(s), {args.backend}, {microbatches} microbatches, "
+        f"model {args.model}; median of {steps} steps\n"
+    )
+    print_table(rows)
     gain = solved_gain(rows)
     if gain:
         print()
         print_gain(gain)
-    print(f"\nload average (1 min) at start {load_at_start[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    overhead = split_overhead(args.model, args.devices, args.microbatches, "cuda" if args.backend == "nccl" else "cpu", args.threads)
+    overhead = split_overhead(args.model, args.devices, microbatches, "cuda" if args.backend == "nccl" else "cpu", args.threads)
     print_overhead(overhead)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    setup = {
-        "backend": args.backend,
-        "devices": args.devices,
-        "threads_per_rank": args.threads,
-        "microbatches": args.microbatches,
-        "model": args.model,
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "torch": __import__("torch").__version__,
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": os.getloadavg(),
-        "step_time": "median over steps of the slowest rank, barrier to last op and sends done; optimizer update excluded",
-    }
-    write_json_atomic(args.output, {"setup": setup, "rows": rows, "split_backward": overhead, "solved_gain": gain})
-    print(f"wrote {args.output}")
+    setup = {"microbatches": microbatches, "steps": steps, "warmup": warmup, "solve_seconds": solve_seconds}
+    return {"setup": setup, "rows": rows, "split_backward": overhead, "solved_gain": gain}
+
+
+def depth_problem(p: int, m: int, base_ms: float):
+    """Heterogeneous, memory-tight: see the module docstring."""
+    from optimizer.io import validate_model
+    from optimizer.problem import Problem, uniform_problem
+
+    v_min_peak = (p + 4) // 3
+    limit = (v_min_peak + p) / 2
+    data = uniform_problem(p, m, base_ms, base_ms, 0.75 * base_ms, mem_forward=1.0, mem_backward_input=-0.5, memory_limit=limit).model_dump(
+        mode="json"
+    )
+    for s, stage in enumerate(data["stages"]):
+        scale = 1.3 if s == 0 else 1.8 if s == p - 1 else 1.0
+        for key in ("forward", "backward_input", "backward_weight"):
+            stage[key] *= scale
+    return validate_model(Problem, data, "problem")
+
+
+def depth_schedules(problem, solve_seconds: float) -> dict:
+    """1f1b, zb-h1, the fastest other family that fits the limit, and `auto`."""
+    from optimizer.exact import SolveOptions, solve
+    from optimizer.schedules import generate, generate_all
+
+    schedules = {name: generate(problem, name) for name in ("1f1b", "zb-h1")}
+    built, _ = generate_all(problem)
+    fitting = [s for name, s in built.items() if s.fits_memory() and name not in schedules]
+    best = min(fitting, key=lambda s: s.makespan)
+    schedules[f"best family ({best.method})"] = best
+    schedules["auto"] = solve(problem, "auto", SolveOptions(time_limit=solve_seconds, threads=1))
+    return schedules
+
+
+def run_synthetic(args) -> dict:
+    """The synthetic model at depth: both engines against the prediction."""
+    from runtime.launch import launch
+
+    p = args.devices
+    m = args.microbatches or 2 * p
+    steps = 5 if args.steps is None else args.steps
+    warmup = 1 if args.warmup is None else args.warmup
+    solve_seconds = 20.0 if args.solve_seconds is None else args.solve_seconds
+    problem = depth_problem(p, m, args.base_ms)
+    schedules = depth_schedules(problem, solve_seconds)
+    started = time.perf_counter()
+    job = BenchJob({n: s.to_json() for n, s in schedules.items()}, args.model, steps, warmup, peers=False)
+    gathered = launch(job, p, args.backend, args.threads)
+    print(f"ran in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    rows = []
+    for name, schedule in schedules.items():
+        ours, theirs = _engine_ms(gathered, name, "ours"), _engine_ms(gathered, name, "csv")
+        assert ours is not None and theirs is not None, "every schedule ran on both engines"
+        rows.append(
+            {
+                "schedule": name,
+                "fits_memory": schedule.fits_memory(),
+                "peak_memory": max(schedule.metrics.peak_memory),
+                "predicted_ms": schedule.makespan,
+                "measured_ms": ours,
+                "error": (ours - schedule.makespan) / schedule.makespan,
+                "torch_runtime_ms": theirs,
+                "torch_runtime_error": (theirs - schedule.makespan) / schedule.makespan,
+                "ours_over_torch_runtime": ours / theirs,
+                "cpu_ms_ours": _cpu_ms(gathered, name, "ours cpu"),
+                "cpu_ms_torch_runtime": _cpu_ms(gathered, name, "csv cpu"),
+            }
+        )
+    print(
+        f"\n{p} ranks x {args.threads} thread, {args.backend}, {m} microbatches, synthetic model (base {args.base_ms:g} ms, "
+        f"first x1.3, last x1.8), memory limit {problem.memory_limit:g}; median of {steps} steps\n"
+    )
+    gain = print_synthetic(rows)
+    setup = {"microbatches": m, "base_ms": args.base_ms, "memory_limit": problem.memory_limit, "steps": steps, "warmup": warmup}
+    setup["solve_seconds"] = solve_seconds
+    return {"setup": setup, "rows": rows, "auto_gain_over_1f1b": gain, "problem": problem.model_dump(mode="json")}
+
+
+def print_synthetic(rows: list[dict]) -> dict:
+    """The synthetic table, and auto's realized share of its predicted gain over 1f1b."""
+    print("| schedule | fits | predicted ms | ours ms | error | torch runtime ms | error | ours / torch | CPU ours / torch |")
+    print("|---|:-:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['schedule']} | {'yes' if r['fits_memory'] else 'no'} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error']:+.1%} "
+            f"| {r['torch_runtime_ms']:.1f} | {r['torch_runtime_error']:+.1%} | {r['ours_over_torch_runtime']:.3f} "
+            f"| {r['cpu_ms_ours'] / r['cpu_ms_torch_runtime']:.3f} |"
+        )
+    by_name = {r["schedule"]: r for r in rows}
+    predicted_gain = by_name["1f1b"]["predicted_ms"] - by_name["auto"]["predicted_ms"]
+    measured_gain = by_name["1f1b"]["measured_ms"] - by_name["auto"]["measured_ms"]
+    share = measured_gain / predicted_gain if predicted_gain > 0 else None
+    shown = f"{share:.0%}" if share is not None else "n/a"
+    print(f"\nauto against 1f1b: gain predicted {predicted_gain:+.1f} ms, measured {measured_gain:+.1f} ms, realized {shown}")
+    return {"predicted_ms": predicted_gain, "measured_ms": measured_gain, "realized_share": share}
 
 
 def solved_gain(rows: list[dict]) -> dict | None:
@@ -386,19 +561,19 @@ def print_gain(gains: dict) -> None:
         )
 
 
-def print_table(rows: list[dict], args) -> None:
-    print(
-        f"\n{args.devices} ranks x {args.threads} thread(s), {args.backend}, {args.microbatches} microbatches, "
-        f"model {args.model}; median of {args.steps} steps\n"
+def print_table(rows: list[dict]) -> None:
+    header = (
+        "| schedule | measured ms | predicted ms | error | torch runtime, same order ms | ours / torch runtime | CPU ours / torch runtime "
+        "| torch.distributed.pipelining | torch ms | ours / torch |"
     )
-    header = "| schedule | measured ms | predicted ms | error | torch.distributed.pipelining | torch ms | ours / torch |"
     print(header)
-    print("|---|---:|---:|---:|---|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for r in rows:
         torch_ms = f"{r['torch_ms']:.1f}" if r["torch_ms"] else "-"
         ratio = f"{r['ours_over_torch']:.3f}" if r["ours_over_torch"] else "-"
         print(
             f"| {r['schedule']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} | {r['predicted_error']:+.1%} "
+            f"| {r['torch_runtime_ms']:.1f} | {r['ours_over_torch_runtime']:.3f} | {r['cpu_ms_ours'] / r['cpu_ms_torch_runtime']:.3f} "
             f"| {r['torch_class'] or '-'} | {torch_ms} | {ratio} |"
         )
 

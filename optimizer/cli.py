@@ -26,7 +26,7 @@ from rich.table import Table
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.formats.schedule_json import load_schedule, save_schedule
-from optimizer.io import check_outputs, json_text, one_line, write_json_atomic, write_outputs
+from optimizer.io import check_outputs, one_line, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, uniform_problem
 from optimizer.schedule import Schedule
 
@@ -78,6 +78,8 @@ INTERRUPTED = 130
 MAX_TIME_LIMIT = 1e6
 # CP-SAT workers: beyond this a run only slows down (and a typo could start thousands of threads).
 MAX_THREADS = 256
+# The formats `show` draws (optimizer/formats/); `export` writes every schedule format.
+PICTURES = ("svg", "html", "chrome-trace")
 
 
 @contextlib.contextmanager
@@ -366,15 +368,16 @@ def pareto(
     Ctrl-C stops the sweep and writes the limits solved so far (exit 130).
     """
     with interrupts_deferred():
-        from optimizer.exact import SolveOptions, pareto_svg, parse_limits
+        from optimizer.exact import SolveOptions, parse_limits
         from optimizer.exact import pareto as sweep
+        from optimizer.formats import get_format
 
     finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
     values = parse_limits(limits)
     check_outputs([output, plot], [problem_file])
     if plot is not None:
-        from optimizer.exact.frontier import require_matplotlib
+        from optimizer.formats.pareto_svg import require_matplotlib
 
         require_matplotlib("--plot")
     loaded = load_problem(problem_file)
@@ -388,7 +391,8 @@ def pareto(
     curve = sweep(loaded, values, SolveOptions(time_limit=time_limit, seed=seed, threads=threads), on_point=on_point)
     # Both or neither: the plot is drawn before either file is touched; a Ctrl-C now waits for them.
     with interrupts_deferred():
-        write_outputs([(output, json_text(curve.to_json()))] + ([(plot, pareto_svg(curve))] if plot is not None else []))
+        curve_format, plot_format = get_format("pareto-json"), get_format("pareto-svg")
+        write_outputs([(output, curve_format.write(curve))] + ([(plot, plot_format.write(curve))] if plot is not None else []))
     if curve.interrupted:
         print(f"interrupted: wrote the {len(curve.points)} limit(s) solved so far to {output}", file=sys.stderr)
         raise typer.Exit(INTERRUPTED)
@@ -522,14 +526,19 @@ def validate(
 @user_errors
 def show(
     schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to draw."),
-    output: Path = typer.Option(..., "--output", "-o", help=".svg or .html: Gantt chart with memory curves; .json: Chrome/Perfetto trace."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help=".svg or .html: Gantt chart with memory curves; .trace.json: Chrome/Perfetto trace."
+    ),
+    format_name: str | None = typer.Option(None, "--format", help="svg, html or chrome-trace (default: from the output's name)."),
 ) -> None:
-    """Draw a schedule: Gantt chart and memory curves (SVG/HTML) or a Chrome/Perfetto trace (JSON)."""
-    from optimizer.render import write_rendering
+    """Draw a schedule: Gantt chart and memory curves (SVG/HTML) or a Chrome/Perfetto trace."""
+    from optimizer.formats.choose import choose_format
+    from optimizer.io import write_text_atomic
 
     check_outputs([output], [schedule_file])
+    chosen = choose_format(output, format_name, allowed=PICTURES)
     schedule = load_schedule(schedule_file)
-    write_rendering(schedule, output)
+    write_text_atomic(output, chosen.write(schedule))
     print(f"wrote {output}")
 
 
@@ -548,16 +557,21 @@ def torch_comparison_rows(problem: Problem) -> list[dict]:
 @user_errors
 def export(
     schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to export."),
-    format_name: str = typer.Option(
-        "torch-csv", "--format", help="torch-csv (torch.distributed.pipelining, torchtitan), schedule-json, chrome-trace, svg or html."
+    format_name: str | None = typer.Option(
+        None,
+        "--format",
+        help="torch-csv (torch.distributed.pipelining, torchtitan), schedule-json, chrome-trace, svg or html "
+        "(default: from the output's name: .csv, .json, .trace.json, .svg, .html).",
     ),
     output: Path = typer.Option(..., "--output", "-o", help="File to write."),
 ) -> None:
     """Write a schedule in a named format: torch-csv runs in torch's _PipelineScheduleRuntime and torchtitan."""
-    from optimizer.formats import get_format, torch_csv
+    from optimizer.formats import torch_csv
+    from optimizer.formats.choose import choose_format
     from optimizer.io import write_text_atomic
 
-    chosen = get_format(format_name)
+    check_outputs([output], [schedule_file])
+    chosen = choose_format(output, format_name)
     schedule = load_schedule(schedule_file)
     write_text_atomic(output, chosen.write(schedule))
     if chosen.name != torch_csv.NAME:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from optimizer.cli import comparison_rows, metrics_line, print_comparison
 from optimizer.exact import SolveOptions, solve
+from optimizer.formats.gantt_svg import gantt_svg
 from optimizer.formats.schedule_json import save_schedule
+from optimizer.io import write_text_atomic
 from optimizer.problem import Problem
-from optimizer.render import write_rendering
 
 
 def example_problem() -> Problem:
@@ -37,7 +38,7 @@ def main(output_dir: Path = Path("."), time_limit: float = 10.0) -> None:
     print_comparison(comparison_rows(problem, extra={"auto": solved}), title)
     schedule_path, picture_path = output_dir / "schedule.json", output_dir / "schedule.svg"
     save_schedule(solved, schedule_path)
-    write_rendering(solved, picture_path)
+    write_text_atomic(picture_path, gantt_svg(solved))
     print(metrics_line(solved))
     print(f"wrote {schedule_path} and {picture_path}")
 

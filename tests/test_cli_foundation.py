@@ -67,11 +67,11 @@ def test_problem_solve_validate_show_round_trip(tmp_path):
     assert schedule.method == "1f1b"
 
     assert invoke("validate", schedule_path).exit_code == 0
-    for suffix in (".svg", ".html", ".json"):
+    for suffix in (".svg", ".html", ".trace.json"):
         picture = tmp_path / f"picture{suffix}"
         assert invoke("show", schedule_path, "--output", picture).exit_code == 0
         assert picture.stat().st_size > 500
-    trace = json.loads((tmp_path / "picture.json").read_text())
+    trace = json.loads((tmp_path / "picture.trace.json").read_text())
     complete_events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(complete_events) == sum(len(d) for d in schedule.devices)
 
@@ -215,7 +215,7 @@ def test_unknown_method_and_picture_type(tmp_path):
     _solved(tmp_path)
     result = invoke("show", tmp_path / "s.json", "-o", tmp_path / "s.png")
     assert result.exit_code == 2
-    assert "unknown picture type '.png'" in one_error_line(result)
+    assert "s.png: no format ends the name like this (use .svg, .html, .trace.json" in one_error_line(result)
 
 
 def test_problem_command_rejects_bad_options(tmp_path):

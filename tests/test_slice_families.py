@@ -11,9 +11,10 @@ from factories import random_slices
 
 from optimizer.errors import InputError
 from optimizer.exact import SolveOptions, solve
+from optimizer.formats.chrome_trace import chrome_trace
+from optimizer.formats.gantt_svg import gantt_svg
 from optimizer.io import validate_model
 from optimizer.problem import Problem, uniform_problem
-from optimizer.render import chrome_trace, gantt_svg
 from optimizer.schedules import GENERATORS, generate, generate_all
 from optimizer.schedules.gpipe import gpipe
 from optimizer.schedules.one_f_one_b import one_f_one_b

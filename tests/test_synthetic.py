@@ -90,7 +90,7 @@ def test_each_op_sleeps_its_time_in_one_process():
         # never shorter (a deadline from the op start); the median less than half the
         # smallest gap between two different op times longer, so that a swapped, missing
         # or doubled sleep fails while the op's own work and a shared machine's sleep
-        # overshoot (about 3 ms measured, benchmarks/synthetic.py) pass
+        # overshoot (about 3 ms measured, benchmarks/executor.py --model synthetic) pass
         assert min(values) >= expected, (kind, stage, values)
         assert sorted(values)[len(values) // 2] < expected + HALF_GAP, (kind, stage, values)
 

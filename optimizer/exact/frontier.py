@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -57,15 +56,10 @@ class ParetoCurve:
     interrupted: bool = False  # Ctrl-C ended the sweep: `points` are the limits solved so far
 
     def to_json(self) -> dict:
-        return {
-            "format": "pipesched.pareto",
-            "version": 1,
-            "time_limit_per_point": self.time_limit,
-            "interrupted": self.interrupted,
-            "points": [asdict(p) for p in self.points],
-            "generators": [asdict(g) for g in self.generators],
-            "problem": self.problem,
-        }
+        """The curve as `pipesched.pareto` JSON (optimizer/formats/pareto_json.py)."""
+        from optimizer.formats.pareto_json import curve_json
+
+        return curve_json(self)
 
 
 def parse_limits(text: str) -> list[float]:
@@ -156,70 +150,3 @@ def _solve_point(problem: Problem, limit: float, options: SolveOptions, on_progr
         return ParetoPoint(limit, False, note=str(error))
     m = schedule.metrics
     return ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
-
-
-def plot_pareto(curve: ParetoCurve, path: str | Path) -> None:
-    """An SVG with two panels: bubble and makespan against memory, solver curve and known schedules."""
-    from optimizer.io import write_text_atomic
-
-    write_text_atomic(path, pareto_svg(curve))
-
-
-def pareto_svg(curve: ParetoCurve) -> str:
-    """The text of `plot_pareto`'s SVG."""
-    from io import StringIO
-
-    import matplotlib.pyplot as plt
-
-    figure = pareto_figure(curve)
-    buffer = StringIO()
-    figure.savefig(buffer, format="svg")
-    plt.close(figure)
-    return buffer.getvalue()
-
-
-def require_matplotlib(option: str) -> None:
-    """One line naming the extra to install when matplotlib is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as error:
-        raise InputError(f"{option}: needs matplotlib ({error}); install it with pip install 'pipesched[plot]'") from None
-
-
-def pareto_figure(curve: ParetoCurve):
-    """The matplotlib figure of `plot_pareto` (Agg backend, no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    solved = [p for p in curve.points if p.feasible]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for axis, metric, label in ((left, "bubble", "bubble rate"), (right, "makespan", "makespan")):
-        if solved:
-            axis.step(
-                [p.limit for p in solved],
-                [getattr(p, metric) for p in solved],
-                where="post",
-                marker="o",
-                color="tab:blue",
-                label="pipesched auto",
-            )
-        if metric == "makespan" and solved:
-            axis.plot([p.limit for p in solved], [p.bound for p in solved], ls="--", color="tab:gray", label="lower bound")
-        for g in curve.generators:
-            axis.scatter([g.peak_memory], [getattr(g, metric)], marker="s", color="tab:orange", zorder=3)
-            axis.annotate(g.name, (g.peak_memory, getattr(g, metric)), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        infeasible = [p.limit for p in curve.points if not p.feasible]
-        if infeasible:
-            first_fit = min((p.limit for p in solved if p.limit > max(infeasible)), default=max(infeasible))
-            axis.axvspan(min(infeasible), first_fit, color="tab:red", alpha=0.08, label="no schedule fits")
-        axis.set_xlabel("memory limit / peak memory")
-        axis.set_ylabel(label)
-        axis.grid(alpha=0.3)
-    if left.get_legend_handles_labels()[0]:
-        left.legend(fontsize=8)
-    right.legend(fontsize=8)
-    figure.suptitle(f"Memory against speed ({curve.time_limit:g} s per point); squares: known schedules at their peak memory")
-    figure.tight_layout()
-    return figure

@@ -1,19 +1,19 @@
-"""Formats a schedule can be written in, one module each, registered by name.
+"""Formats a schedule (or a Pareto curve) can be written in, one module each, registered by name.
 
-`pipesched export --format NAME` writes any of them. Each module defines `FORMAT`, a
-`ScheduleFormat` with the name, a one-line summary, the usual file suffix and a function
-from a schedule to the file's text; adding a format is one module and one line below.
-The schedule JSON (optimizer/schedule.py) and the pictures (optimizer/render.py) keep
-their home and are registered here through thin modules.
+`pipesched export --format NAME` writes any schedule format, `show` the pictures, `pareto`
+the curve's. Each module defines `FORMAT`, a `ScheduleFormat` with the name, a one-line
+summary, the usual file suffix, a function from the subject to the file's text and the
+subject it writes ("schedule" or "pareto"); adding a format is one module and one line
+below. Which format a file gets, from `--format` or its name: optimizer/formats/choose.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from optimizer.errors import InputError
-from optimizer.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -21,14 +21,16 @@ class ScheduleFormat:
     name: str
     summary: str
     suffix: str
-    write: Callable[[Schedule], str]
+    write: Callable[[Any], str]  # from a Schedule (or a ParetoCurve when subject is "pareto")
+    subject: str = "schedule"
 
 
 def formats() -> dict[str, ScheduleFormat]:
     """Every registered format by name, in the order `export --help` lists them."""
-    from optimizer.formats import chrome_trace, gantt_html, gantt_svg, schedule_json, torch_csv
+    from optimizer.formats import chrome_trace, gantt_html, gantt_svg, pareto_json, pareto_svg, schedule_json, torch_csv
 
-    return {module.FORMAT.name: module.FORMAT for module in (torch_csv, schedule_json, chrome_trace, gantt_svg, gantt_html)}
+    modules = (torch_csv, schedule_json, chrome_trace, gantt_svg, gantt_html, pareto_json, pareto_svg)
+    return {module.FORMAT.name: module.FORMAT for module in modules}
 
 
 def get_format(name: str) -> ScheduleFormat:
