@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -55,6 +55,13 @@ class StageMemory(_Strict):
     backward_weight: MemoryValue
 
 
+class StageLayer(_Strict):
+    """A model layer a stage holds (a split of a layers file, optimizer/split.py)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    kind: Literal["embedding", "block", "head"]
+
+
 class Stage(_Strict):
     """One model chunk: which device runs it and how long its ops take."""
 
@@ -63,6 +70,9 @@ class Stage(_Strict):
     backward_input: Duration
     backward_weight: Duration
     memory: StageMemory
+    # The layers this stage holds, in order, when the problem comes from a split; exports
+    # (Megatron's layout) and `run` read the split from here.
+    layers: Annotated[list[StageLayer], Field(min_length=1, max_length=1024)] | None = None
 
     @model_validator(mode="after")
     def _deltas_sum_to_zero(self) -> Stage:
@@ -167,6 +177,10 @@ class Problem(_Strict):
             mem_backward_weight=tuple(s.memory.backward_weight for s in st),
             limit=tuple(self.device_limit(d) for d in range(self.num_devices)),
         )
+
+    def to_json(self) -> dict:
+        """The problem as JSON data; optional fields left unset are left out."""
+        return self.model_dump(mode="json", exclude_none=True)
 
     def min_memory_limit(self) -> list[float]:
         """Per device, the least limit under which any schedule exists: one microbatch's peak there.
@@ -291,3 +305,10 @@ def load_problem(path: str | Path) -> Problem:
     from optimizer.io import read_model
 
     return read_model(Problem, path)
+
+
+def problem_from_json(data: object, source: str = "problem") -> Problem:
+    """Validate parsed problem JSON; errors name the source and the field."""
+    from optimizer.io import validate_model
+
+    return validate_model(Problem, data, source)

@@ -154,7 +154,7 @@ class Schedule:
         return {
             "format": FORMAT,
             "version": VERSION,
-            "problem": self.problem.model_dump(mode="json"),
+            "problem": self.problem.to_json(),
             "method": self.method,
             "devices": [
                 [{"kind": o.kind, "stage": o.stage, "microbatch": o.microbatch, "start": o.start, "end": o.end} for o in device]

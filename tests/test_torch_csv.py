@@ -135,7 +135,12 @@ def test_export_writes_every_registered_format(tmp_path):
     from optimizer.formats import formats
     from optimizer.schedule import load_schedule
 
-    schedule = generate(uniform_problem(2, 2), "1f1b")
+    from optimizer.layer_costs import DecoderSizes, decoder_layers
+    from optimizer.split import Placement, even_split, split_problem
+
+    # A problem made from a layer split, so that the formats of the split have one to write.
+    profile = decoder_layers(DecoderSizes(blocks=4))
+    schedule = generate(split_problem(profile, Placement.named("linear", 2), even_split(profile, 2), 2), "1f1b")
     save_schedule(schedule, tmp_path / "s.json")
     for name, chosen in formats().items():
         output = tmp_path / f"{name}{chosen.suffix}"

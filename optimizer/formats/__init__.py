@@ -26,9 +26,12 @@ class ScheduleFormat:
 
 def formats() -> dict[str, ScheduleFormat]:
     """Every registered format by name, in the order `export --help` lists them."""
-    from optimizer.formats import chrome_trace, gantt_html, gantt_svg, schedule_json, torch_csv
+    from optimizer.formats import chrome_trace, example_split, gantt_html, gantt_svg, layer_lists, megatron_layout, schedule_json, torch_csv
 
-    return {module.FORMAT.name: module.FORMAT for module in (torch_csv, schedule_json, chrome_trace, gantt_svg, gantt_html)}
+    return {
+        module.FORMAT.name: module.FORMAT
+        for module in (torch_csv, schedule_json, chrome_trace, gantt_svg, gantt_html, megatron_layout, layer_lists, example_split)
+    }
 
 
 def get_format(name: str) -> ScheduleFormat:
