@@ -133,9 +133,8 @@ def cli(*args):
 
 def test_export_writes_every_registered_format(tmp_path):
     from optimizer.formats import formats
-    from optimizer.schedule import load_schedule
-
     from optimizer.layer_costs import DecoderSizes, decoder_layers
+    from optimizer.schedule import load_schedule
     from optimizer.split import Placement, even_split, split_problem
 
     # A problem made from a layer split, so that the formats of the split have one to write.
