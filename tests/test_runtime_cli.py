@@ -88,6 +88,6 @@ def test_per_layer_profile_then_a_chosen_split_runs_and_checks(tmp_path):
     summary = json.loads(result.stdout)
     assert summary["check"]["passed"]
     # A split= that contradicts the schedule's split is refused, not silently replaced.
-    other = "/".join(map(str, [3 - chosen[1], chosen[1]][::-1] if chosen != [1, 2] else [2, 1]))
+    other = "1/2" if chosen != [1, 2] else "2/1"
     result = runner.invoke(app, ["run", str(schedule_path), "--model", f"{model},split={other}", "--steps", "1"])
     assert result.exit_code == 2 and "differs from the schedule's layer split" in result.output
