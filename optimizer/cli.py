@@ -25,9 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 from optimizer.errors import InputError, PipeschedError
+from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.io import check_outputs, json_text, one_line, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, problem_from_json, uniform_problem
-from optimizer.schedule import Schedule, load_schedule, save_schedule
+from optimizer.schedule import Schedule
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -171,9 +172,20 @@ def problem(
     mem_backward_input: float = typer.Option(0.0, help="Memory change when B ends (<= 0)."),
     mem_backward_weight: float | None = typer.Option(None, help="Memory change when W ends; default: whatever makes the three sum to 0."),
     memory_limit: float | None = typer.Option(None, help="Per-device memory limit; default unlimited."),
+    backward: float | None = typer.Option(None, help="Fused backward (BW) time of one stage; default B + W."),
+    slices: int = typer.Option(1, min=1, help="Token slices per microbatch (sequence), K."),
+    slice_lengths: str = typer.Option("even", help="even | dp (TeraPipe's dynamic program for the slice lengths)."),
+    slice_cost: str = typer.Option("linear", help="linear (cost follows tokens) | attention (24h^2 + 4h·position per token)."),
+    sequence_length: int = typer.Option(4096, min=1, help="Tokens per sequence, for the slice rules."),
+    hidden: int = typer.Option(4096, min=1, help="Hidden size h, for --slice-cost attention."),
+    slice_overhead: float = typer.Option(0.0, help="Fixed time per slice, as a fraction of a whole sequence's F or B (>= 0)."),
     output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
 ) -> None:
-    """Write a uniform problem JSON (every stage the same), to edit or to solve."""
+    """Write a uniform problem JSON (every stage the same), to edit or to solve.
+
+    With --slices K each microbatch is one sequence cut into K token slices; their lengths
+    and costs follow --slice-lengths and --slice-cost (README, Token slices).
+    """
     for option, value in (
         ("--forward", forward),
         ("--backward-input", backward_input),
@@ -183,9 +195,18 @@ def problem(
         ("--mem-backward-input", mem_backward_input),
         ("--mem-backward-weight", mem_backward_weight),
         ("--memory-limit", memory_limit),
+        ("--backward", backward),
+        ("--slice-overhead", slice_overhead),
     ):
         finite_option(option, value)
+    if slice_overhead < 0:
+        raise InputError(f"--slice-overhead: must be >= 0, got {slice_overhead:g}")
     check_outputs([output])
+    from optimizer.slicing import slice_model, with_slices  # numpy: only when a problem is built
+
+    model = slice_model(
+        sequence_length, slices, lengths=slice_lengths, cost=slice_cost, hidden=hidden, stages=devices, overhead=slice_overhead
+    )
     built = uniform_problem(
         devices,
         microbatches,
@@ -198,9 +219,14 @@ def problem(
         mem_backward_input=mem_backward_input,
         mem_backward_weight=mem_backward_weight,
         memory_limit=memory_limit,
+        backward=backward,
     )
+    if slices > 1:
+        built = with_slices(built, model)
     write_json_atomic(output, built.to_json())
     print(f"wrote {output}: {built.num_devices} devices, {built.num_stages} stages, {built.num_microbatches} microbatches")
+    if slices > 1:  # the lengths are only in this line: the problem keeps shares and costs
+        print(f"slices: {', '.join(map(str, model.lengths))} tokens; F/B cost shares {', '.join(f'{c:.3f}' for c in model.costs)}")
 
 
 @app.command()
@@ -537,10 +563,11 @@ def compare(
         print(json.dumps(rows))
     else:
         limit = loaded.memory_limit if loaded.memory_limit is not None else "none"
+        sliced = f" x {loaded.num_slices} token slices" if loaded.num_slices > 1 else ""
         print_comparison(
             rows,
             f"{problem_file}: {loaded.num_devices} devices, {loaded.num_stages} stages, "
-            f"{loaded.num_microbatches} microbatches, memory limit {limit}",
+            f"{loaded.num_microbatches} microbatches{sliced}, memory limit {limit}",
         )
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from optimizer.cli import comparison_rows, metrics_line, print_comparison
 from optimizer.exact import SolveOptions, solve
+from optimizer.formats.schedule_json import save_schedule
 from optimizer.problem import Problem
 from optimizer.render import write_rendering
-from optimizer.schedule import save_schedule
 
 
 def example_problem() -> Problem:

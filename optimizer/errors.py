@@ -29,3 +29,14 @@ class DeadlockError(PipeschedError):
     def __init__(self, message: str, blocked: dict[int, str]):
         super().__init__(message)
         self.blocked = blocked
+
+
+class ScheduleError(PipeschedError):
+    """A schedule that breaks the problem's rules (exit 1); `violations` lists them all."""
+
+    exit_code = 1
+
+    def __init__(self, source: str, violations: list[str]):
+        shown = "; ".join(violations[:3]) + (f"; and {len(violations) - 3} more" if len(violations) > 3 else "")
+        super().__init__(f"{source}: invalid schedule: {shown}")
+        self.violations = violations

@@ -63,16 +63,24 @@ class StageLayer(_Strict):
 
 
 class Stage(_Strict):
-    """One model chunk: which device runs it and how long its ops take."""
+    """One model chunk: which device runs it and how long its ops take.
+
+    `backward` is the fused backward's (BW's) time; None means backward_input +
+    backward_weight (splitting costs nothing).
+    """
 
     device: Annotated[int, Field(ge=0)]
     forward: Duration
     backward_input: Duration
     backward_weight: Duration
     memory: StageMemory
+    backward: Duration | None = None
     # The layers this stage holds, in order, when the problem comes from a split; exports
     # (Megatron's layout) and `run` read the split from here.
     layers: Annotated[list[StageLayer], Field(min_length=1, max_length=1024)] | None = None
+
+    def fused_backward(self) -> float:
+        return self.backward if self.backward is not None else self.backward_input + self.backward_weight
 
     @model_validator(mode="after")
     def _deltas_sum_to_zero(self) -> Stage:
@@ -81,6 +89,23 @@ class Stage(_Strict):
         if abs(total) > _SUM_TOLERANCE * max(1.0, abs(m.forward)):
             raise ValueError(f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})")
         return self
+
+
+class Slice(_Strict):
+    """One token slice of every microbatch: its share of the tokens and of the attention-weighted cost.
+
+    Slice k's F and B take cost x the stage's time, its W share x, its memory deltas share x
+    the stage's (optimizer/ops.py).
+    """
+
+    share: Annotated[float, Field(gt=0, le=1)]
+    cost: Annotated[float, Field(gt=0, le=1)]
+
+
+# Shares and costs are fractions a user or a cost model rounds; they must sum to 1 within
+# this (absolute) slack, far above float rounding of a few thousand terms (1e-12) and far
+# below any meaningful share.
+SLICE_SUM_TOLERANCE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -95,6 +120,19 @@ class Tables:
     mem_backward_input: tuple[float, ...]
     mem_backward_weight: tuple[float, ...]
     limit: tuple[float, ...]  # per device; math.inf when unlimited
+    # Defaults keep Tables built by hand (tests, relaxations) unsliced with B + W fused times.
+    backward: tuple[float, ...] = ()  # fused backward (BW) time per stage
+    slice_share: tuple[float, ...] = (1.0,)  # per slice: its share of tokens (W time, memory)
+    slice_cost: tuple[float, ...] = (1.0,)  # per slice: its share of F and B time
+
+    def __post_init__(self) -> None:
+        if not self.backward:
+            fused = tuple(b + w for b, w in zip(self.backward_input, self.backward_weight, strict=True))
+            object.__setattr__(self, "backward", fused)
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.slice_share)
 
 
 class Problem(_Strict):
@@ -105,6 +143,8 @@ class Problem(_Strict):
     stages: Annotated[list[Stage], Field(min_length=1)]
     comm_time: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
     memory_limit: Limit | list[Limit] | None = None
+    num_slices: Count = 1
+    slices: list[Slice] | None = None  # None: even slices (share = cost = 1 / num_slices)
 
     @model_validator(mode="before")
     @classmethod
@@ -116,6 +156,7 @@ class Problem(_Strict):
                 data.get("num_devices"),
                 len(stages) if isinstance(stages, list) else None,
                 data.get("num_microbatches"),
+                data.get("num_slices", 1),
             )
         return data
 
@@ -137,6 +178,13 @@ class Problem(_Strict):
                 raise ValueError(
                     f"memory_limit: device {stage.device} limit {limit:g} is below one forward of stage {s} ({stage.memory.forward:g})"
                 )
+        if self.slices is not None:
+            if len(self.slices) != self.num_slices:
+                raise ValueError(f"slices: {len(self.slices)} slices listed, num_slices is {self.num_slices}")
+            for name in ("share", "cost"):
+                total = sum(getattr(piece, name) for piece in self.slices)
+                if abs(total - 1.0) > SLICE_SUM_TOLERANCE:
+                    raise ValueError(f"slices: the {name}s sum to {total:g}, not 1 (within {SLICE_SUM_TOLERANCE:g})")
         return self
 
     @property
@@ -176,11 +224,37 @@ class Problem(_Strict):
             mem_backward_input=tuple(s.memory.backward_input for s in st),
             mem_backward_weight=tuple(s.memory.backward_weight for s in st),
             limit=tuple(self.device_limit(d) for d in range(self.num_devices)),
+            backward=tuple(s.fused_backward() for s in st),
+            slice_share=self.slice_shares(),
+            slice_cost=self.slice_costs(),
         )
 
+    def slice_shares(self) -> tuple[float, ...]:
+        if self.slices is None:
+            return (1.0 / self.num_slices,) * self.num_slices
+        return tuple(piece.share for piece in self.slices)
+
+    def slice_costs(self) -> tuple[float, ...]:
+        if self.slices is None:
+            return (1.0 / self.num_slices,) * self.num_slices
+        return tuple(piece.cost for piece in self.slices)
+
     def to_json(self) -> dict:
-        """The problem as JSON data; optional fields left unset are left out."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """The problem as JSON, leaving out the optional fields at their defaults.
+
+        A problem that uses no slices and no fused backward time then reads exactly as
+        before those fields existed, so older readers (which refuse unknown fields) load it.
+        """
+        data = self.model_dump(mode="json")
+        if data["num_slices"] == 1:
+            del data["num_slices"]
+        if data["slices"] is None:
+            del data["slices"]
+        for stage in data["stages"]:
+            for optional in ("backward", "layers"):
+                if stage[optional] is None:
+                    del stage[optional]
+        return data
 
     def min_memory_limit(self) -> list[float]:
         """Per device, the least limit under which any schedule exists: one microbatch's peak there.
@@ -200,10 +274,18 @@ def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
 
     Its ops on the device's `stages` follow the F's in stage order, then the B's in reverse
     stage order (the only order the dependencies allow), each W counted right after its B
-    (the earliest it can free). Entry 0 is the microbatch's peak on the device.
+    (the earliest it can free). With token slices, each stage's F's run slice by slice and
+    its B's in reverse, each a share of the stage's deltas (the order the dependencies ask
+    for on a device with one stage). Entry 0 is the microbatch's peak on the device.
     """
-    steps = [(tables.mem_forward[s], 0.0) for s in stages]
-    steps += [(tables.mem_backward_input[s], tables.mem_backward_weight[s]) for s in reversed(stages)]
+    shares = tables.slice_share
+    slices = range(len(shares))
+    steps = [(tables.mem_forward[s] * shares[k], 0.0) for s in stages for k in slices]
+    steps += [
+        (tables.mem_backward_input[s] * shares[k], tables.mem_backward_weight[s] * shares[k])
+        for s in reversed(stages)
+        for k in reversed(slices)
+    ]
     peaks = [0.0] * (len(steps) + 1)
     for k in range(len(steps) - 1, -1, -1):
         first, then = steps[k]
@@ -211,7 +293,7 @@ def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
     return peaks
 
 
-def check_size(devices: object, stages: object, microbatches: object) -> None:
+def check_size(devices: object, stages: object, microbatches: object, slices: object = 1) -> None:
     """Raise ValueError naming the size when it is beyond the size contract (see MAX_OPS)."""
     counts = {"num_devices": (devices, MAX_DEVICES), "num_microbatches": (microbatches, MAX_MICROBATCHES), "stages": (stages, MAX_STAGES)}
     known = {name: value for name, (value, _) in counts.items() if isinstance(value, int) and not isinstance(value, bool)}
@@ -220,10 +302,12 @@ def check_size(devices: object, stages: object, microbatches: object) -> None:
         if value > limit:
             raise ValueError(f"{name}: {value} is more than the {limit} pipesched takes (README, Size limits)")
     if "stages" in known and "num_microbatches" in known:
-        ops = 3 * known["stages"] * known["num_microbatches"]
+        k = slices if isinstance(slices, int) and not isinstance(slices, bool) and slices > 1 else 1
+        ops = 3 * known["stages"] * known["num_microbatches"] * k
         if ops > MAX_OPS:
+            sliced = f" x {k} slices" if k > 1 else ""
             raise ValueError(
-                f"size: 3 x {known['stages']} stages x {known['num_microbatches']} microbatches = {ops} ops "
+                f"size: 3 x {known['stages']} stages x {known['num_microbatches']} microbatches{sliced} = {ops} ops "
                 f"is more than the {MAX_OPS} pipesched takes (README, Size limits)"
             )
 
@@ -264,10 +348,12 @@ def uniform_problem(
     mem_backward_input: float = 0.0,
     mem_backward_weight: float | None = None,
     memory_limit: float | list[float] | None = None,
+    backward: float | None = None,
 ) -> Problem:
     """A problem whose stages all have the same times and memory deltas.
 
-    ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero.
+    ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero;
+    ``backward`` (the fused BW time) to B + W.
     """
     try:
         check_size(num_devices, None, num_microbatches)  # before the placement lists a stage per device
@@ -284,6 +370,7 @@ def uniform_problem(
             "backward_input": mem_backward_input,
             "backward_weight": mem_backward_weight,
         },
+        **({"backward": backward} if backward is not None else {}),
     }
     from optimizer.io import validate_model
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from optimizer.errors import InputError
 from optimizer.io import write_text_atomic
+from optimizer.ops import op_label
 from optimizer.schedule import Schedule, memory_curve
 
 COLOURS = {"F": "#4c78a8", "B": "#59a14f", "W": "#f28e2b", "BW": "#9c6ade"}
@@ -44,6 +45,7 @@ def gantt_svg(schedule: Schedule) -> str:
     memory_top = 40 + gantt_height + _GAP
     height = memory_top + p * (_MEM_ROW + 8) + 30
     first_stage = {d: min(problem.stages_on(d)) for d in range(p)}
+    slices = problem.num_slices  # with token slices, ops are labelled mb.slice
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" font-family="sans-serif" font-size="11">',
@@ -64,15 +66,15 @@ def gantt_svg(schedule: Schedule) -> str:
         for op in device:
             x0, x1 = _x(op.start, start, span), _x(op.end, start, span)
             palette = COLOURS if op.stage == first_stage[d] else LIGHT_COLOURS
-            tip = f"{op.kind} stage {op.stage} mb {op.microbatch}: {op.start:.6g} to {op.end:.6g}"
+            label = op_label(op, slices)
+            tip = f"{op.kind} stage {op.stage} mb {label}: {op.start:.6g} to {op.end:.6g}"
             parts.append(
                 f'<rect x="{x0:.2f}" y="{y}" width="{max(x1 - x0, 0.5):.2f}" height="{_ROW - 4}" '
                 f'fill="{palette[op.kind]}" stroke="white" stroke-width="0.5"><title>{tip}</title></rect>'
             )
-            if x1 - x0 >= 12:
+            if x1 - x0 >= max(12, 6 * len(label)):  # about 6 px per character at font size 10
                 parts.append(
-                    f'<text x="{(x0 + x1) / 2:.2f}" y="{y + _ROW / 2 + 2}" text-anchor="middle" '
-                    f'fill="white" font-size="10">{op.microbatch}</text>'
+                    f'<text x="{(x0 + x1) / 2:.2f}" y="{y + _ROW / 2 + 2}" text-anchor="middle" fill="white" font-size="10">{label}</text>'
                 )
 
     parts.append(f'<text x="{_LEFT}" y="{memory_top - 8}" font-size="12">memory per device (dashed: limit)</text>')
@@ -125,20 +127,21 @@ def chrome_trace(schedule: Schedule) -> dict:
     """Trace Event Format: one thread per device, one complete event per op, memory counters."""
     microseconds = 1000.0  # the problem's unit read as milliseconds
     tables = schedule.problem.tables()
+    slices = schedule.problem.num_slices
     events: list[dict] = []
     for d, device in enumerate(schedule.devices):
         events.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": d, "args": {"name": f"device {d}"}})
         for op in device:
             events.append(
                 {
-                    "name": f"{op.kind}{op.stage} mb{op.microbatch}",
+                    "name": f"{op.kind}{op.stage} mb{op_label(op, slices)}",
                     "cat": op.kind,
                     "ph": "X",
                     "pid": 0,
                     "tid": d,
                     "ts": op.start * microseconds,
                     "dur": (op.end - op.start) * microseconds,
-                    "args": {"stage": op.stage, "microbatch": op.microbatch},
+                    "args": {"stage": op.stage, "microbatch": op.microbatch, **({"slice": op.slice} if slices > 1 else {})},
                 }
             )
         for time, usage in memory_curve(tables, device):

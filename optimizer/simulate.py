@@ -1,9 +1,10 @@
 """The one timing engine: per-device op orders in, ASAP start and end times out.
 
-An op starts at the later of its device becoming free and its dependency ending (plus
-the transfer time when the dependency ran on another device). Given fixed orders, these
-earliest times are optimal, so solvers only need to decide orders. An order that can
-never finish is a deadlock, reported with each stuck device's next op.
+An op starts at the later of its device becoming free and its dependencies ending (plus
+the transfer time for a dependency that ran on another device); the dependencies are
+optimizer/ops.py's rule. Given fixed orders, these earliest times are optimal, so
+solvers only need to decide orders. An order that can never finish is a deadlock,
+reported with each stuck device's next op.
 
 The pass is event driven: a device whose next op waits on a dependency parks on that
 dependency and is woken when it ends, so every op is looked at a constant number of
@@ -16,22 +17,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from optimizer.errors import DeadlockError, InputError
+from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration
 from optimizer.problem import Problem
-from optimizer.schedule import Op, Schedule, TimedOp, op_duration
-
-
-def dependency(op: Op, num_stages: int) -> tuple[str, int] | None:
-    """What must end before `op` may start: ("F" | "B", stage), same microbatch.
-
-    "B" stands for the stage's backward, whether split (B) or fused (BW).
-    """
-    kind, stage = op.kind, op.stage
-    if kind == "F":
-        return ("F", stage - 1) if stage > 0 else None
-    if kind == "W":
-        return ("B", stage)
-    # B and BW: the next stage's backward, or this stage's forward on the last stage
-    return ("B", stage + 1) if stage < num_stages - 1 else ("F", stage)
+from optimizer.schedule import Schedule
 
 
 def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
@@ -44,6 +32,8 @@ def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
                 raise InputError(f"device {d}: {op} names a stage out of range")
             if not 0 <= op.microbatch < problem.num_microbatches:
                 raise InputError(f"device {d}: {op} names a microbatch out of range")
+            if not 0 <= op.slice < problem.num_slices:
+                raise InputError(f"device {d}: {op} names a slice out of range")
             if device_of[op.stage] != d:
                 raise InputError(f"device {d}: {op} belongs on device {device_of[op.stage]}")
 
@@ -52,10 +42,10 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[lis
     """ASAP times for per-device orders; raises DeadlockError when the orders cannot finish."""
     _check_placement(problem, orders)
     tables = problem.tables()
-    num_stages, comm = problem.num_stages, problem.comm_time
+    num_stages, num_slices, comm = problem.num_stages, problem.num_slices, problem.comm_time
     device_of = tables.device
-    ended: dict[tuple[str, int, int], float] = {}
-    waiting: dict[tuple[str, int, int], list[int]] = defaultdict(list)
+    ended: dict[Op, float] = {}
+    waiting: dict[Op, list[int]] = defaultdict(list)
     head = [0] * len(orders)
     free_at = [0.0] * len(orders)
     timed: list[list[TimedOp]] = [[] for _ in orders]
@@ -64,32 +54,35 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[lis
     while runnable:
         d = runnable.pop()
         ops = orders[d]
-        while head[d] < len(ops):
+        n = len(ops)
+        while head[d] < n:
             op = ops[head[d]]
             start = free_at[d]
-            dep = dependency(op, num_stages)
-            if dep is not None:
-                key = (dep[0], dep[1], op.microbatch)
+            for key in dependencies(op, num_stages, num_slices):
                 dep_end = ended.get(key)
                 if dep_end is None:
                     waiting[key].append(d)
                     break
-                if device_of[dep[1]] != d:
+                if device_of[key[1]] != d:
                     dep_end += comm
-                start = max(start, dep_end)
-            end = start + op_duration(tables, op.kind, op.stage)
-            timed[d].append(TimedOp(op.kind, op.stage, op.microbatch, start, end))
-            free_at[d] = end
-            head[d] += 1
-            done_key = ("F" if op.kind == "F" else "B" if op.kind in ("B", "BW") else "W", op.stage, op.microbatch)
-            if done_key[0] != "W":
-                ended[done_key] = end
-                runnable.extend(waiting.pop(done_key, ()))
+                if dep_end > start:
+                    start = dep_end
+            else:  # every dependency has ended: run the op
+                end = start + op_duration(tables, op.kind, op.stage, op.slice)
+                timed[d].append(TimedOp(op.kind, op.stage, op.microbatch, start, end, op.slice))
+                free_at[d] = end
+                head[d] += 1
+                done = completion_key(op)
+                if done is not None:
+                    ended[done] = end
+                    runnable.extend(waiting.pop(done, ()))
+                continue
+            break
 
-    blocked = {d: str(orders[d][head[d]]) for d in range(len(orders)) if head[d] < len(orders[d])}
-    if blocked:
-        listing = ", ".join(f"device {d} waits at {op}" for d, op in blocked.items())
-        raise DeadlockError(f"deadlock: {listing}", blocked)
+    stuck = {d: str(orders[d][head[d]]) for d in range(len(orders)) if head[d] < len(orders[d])}
+    if stuck:
+        listing = ", ".join(f"device {d} waits at {op}" for d, op in stuck.items())
+        raise DeadlockError(f"deadlock: {listing}", stuck)
     return timed
 
 

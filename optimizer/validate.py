@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from optimizer.ops import KINDS, Op, TimedOp, dependencies, op_duration, op_memory
 from optimizer.problem import Problem
-from optimizer.schedule import KINDS, Op, TimedOp, op_duration, op_memory
-from optimizer.simulate import dependency
 
 # Times are floats from the user's units; sums of a few thousand durations carry
 # rounding of about 1e-12 relative, so a relative slack of 1e-9 never hides a real
@@ -27,7 +26,7 @@ def _slack(*values: float) -> float:
 
 def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str]:
     """Every rule the timed schedule breaks; an empty list means it is valid."""
-    p, num_stages, m = problem.num_devices, problem.num_stages, problem.num_microbatches
+    p, num_stages, m, num_slices = problem.num_devices, problem.num_stages, problem.num_microbatches, problem.num_slices
     tables = problem.tables()
     violations: list[str] = []
     if len(devices) != p:
@@ -40,14 +39,15 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
             if op.kind not in KINDS:
                 violations.append(f"device {d}: unknown op kind {op.kind!r}")
                 continue
-            if not (0 <= op.stage < num_stages and 0 <= op.microbatch < m):
-                violations.append(f"device {d}: {op.op} is out of range ({num_stages} stages, {m} microbatches)")
+            if not (0 <= op.stage < num_stages and 0 <= op.microbatch < m and 0 <= op.slice < num_slices):
+                sliced = f", {num_slices} slices" if num_slices > 1 or op.slice != 0 else ""
+                violations.append(f"device {d}: {op.op} is out of range ({num_stages} stages, {m} microbatches{sliced})")
                 continue
             if tables.device[op.stage] != d:
                 violations.append(f"placement: {op.op} runs on device {d}, its stage is on device {tables.device[op.stage]}")
             counts[op.op] += 1
             ends[op.op] = op.end
-    violations += _completeness(counts, num_stages, m)
+    violations += _completeness(counts, num_stages, m, num_slices)
     if violations:
         return violations  # timing checks on a malformed schedule would only add noise
 
@@ -58,18 +58,17 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
         peak, ops_over = 0.0, 0
         previous: TimedOp | None = None
         for op in ops:
-            expected = op_duration(tables, op.kind, op.stage)
+            expected = op_duration(tables, op.kind, op.stage, op.slice)
             if abs((op.end - op.start) - expected) > _slack(op.start, op.end):
                 violations.append(f"duration: {op.op} on device {d} lasts {op.end - op.start:g}, expected {expected:g}")
             if previous is not None and op.start < previous.end - _slack(previous.end):
                 violations.append(f"overlap: {op.op} starts at {op.start:g} on device {d} before {previous.op} ends at {previous.end:g}")
-            dep = dependency(op.op, num_stages)
-            if dep is not None:
-                dep_op = _dependency_op(dep, op.microbatch, ends)
+            for key in dependencies(op, num_stages, num_slices):
+                dep_op = _dependency_op(key, ends)
                 ready = ends[dep_op] + (problem.comm_time if tables.device[dep_op.stage] != d else 0.0)
                 if op.start < ready - _slack(ready):
                     violations.append(f"dependency: {op.op} starts at {op.start:g}, before {dep_op} is available at {ready:g}")
-            usage += op_memory(tables, op.kind, op.stage)
+            usage += op_memory(tables, op.kind, op.stage, op.slice)
             if usage > limit + _slack(limit):
                 first_over = first_over or (op.op, usage)
                 peak, ops_over = max(peak, usage), ops_over + 1
@@ -82,28 +81,30 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
     return violations
 
 
-def _dependency_op(dep: tuple[str, int], microbatch: int, ends: dict[Op, float]) -> Op:
-    kind, stage = dep
-    if kind == "F":
-        return Op("F", stage, microbatch)
-    split = Op("B", stage, microbatch)
-    return split if split in ends else Op("BW", stage, microbatch)
+def _dependency_op(key: Op, ends: dict[Op, float]) -> Op:
+    """The op a dependency key names: "B" is the split B when present, else the fused BW."""
+    if key.kind == "F":
+        return key
+    split = Op("B", key.stage, key.microbatch, key.slice)
+    return split if split in ends else Op("BW", key.stage, key.microbatch, key.slice)
 
 
-def _completeness(counts: Counter[Op], num_stages: int, m: int) -> list[str]:
+def _completeness(counts: Counter[Op], num_stages: int, m: int, num_slices: int) -> list[str]:
     problems = []
     for op, count in counts.items():
         if count > 1:
             problems.append(f"duplicate: {op} appears {count} times")
     for stage in range(num_stages):
         for mb in range(m):
-            if counts[Op("F", stage, mb)] == 0:
-                problems.append(f"missing: {Op('F', stage, mb)}")
-            fused = counts[Op("BW", stage, mb)] > 0
-            split = [counts[Op(kind, stage, mb)] > 0 for kind in ("B", "W")]
-            if fused and any(split):
-                problems.append(f"mixed: stage {stage} mb {mb} has both BW and split B/W")
-            elif not fused and not all(split):
-                missing = "B" if not split[0] else "W"
-                problems.append(f"missing: {Op(missing, stage, mb)}")
+            for k in range(num_slices):
+                if counts[Op("F", stage, mb, k)] == 0:
+                    problems.append(f"missing: {Op('F', stage, mb, k)}")
+                fused = counts[Op("BW", stage, mb, k)] > 0
+                split = [counts[Op(kind, stage, mb, k)] > 0 for kind in ("B", "W")]
+                if fused and any(split):
+                    where = f"mb {mb}.{k}" if k > 0 else f"mb {mb}"
+                    problems.append(f"mixed: stage {stage} {where} has both BW and split B/W")
+                elif not fused and not all(split):
+                    missing = "B" if not split[0] else "W"
+                    problems.append(f"missing: {Op(missing, stage, mb, k)}")
     return problems

@@ -249,7 +249,7 @@ def profile(
         return
     if memory_limit is not None:
         # Checked before anything is written: a limit below one forward names the stage.
-        result["problem"] = validate_model(Problem, {**result["problem"], "memory_limit": memory_limit}, "profile").model_dump(mode="json")
+        result["problem"] = validate_model(Problem, {**result["problem"], "memory_limit": memory_limit}, "profile").to_json()
     write_json_atomic(output, result["problem"])
     if as_json:
         print(json.dumps(result["problem"]))
@@ -278,7 +278,7 @@ def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) 
             *(f"{mem[kind] * 1024:.3g}" for kind in ("forward", "backward_input", "backward_weight")),
         )
     Console(highlight=False).print(table)
-    print("BW: the fused backward, measured for reference; the problem holds B and W. Memory: MiB here, GiB in the file.")
+    print("BW: the fused backward, written as each stage's `backward` (a BW op's time). Memory: MiB here, GiB in the file.")
     print(f"wrote {output}")
 
 

@@ -6,7 +6,8 @@ step, `steps` timed steps and one step measuring memory, and takes per stage:
 
 - F, B, W times: the median over the measured steps and microbatches of each op's busy
   time (its wall time minus time blocked on a receive), in milliseconds; also the fused
-  backward BW, from a second pass in GPipe order, reported beside the problem;
+  backward BW, from a second pass in GPipe order, written as the stage's `backward` (a
+  BW op lasts as measured, often less than B + W);
 - memory changes: median bytes kept by F and by B (runtime/memory.py), W = -(F + B) so
   they sum to zero, in GiB;
 - comm_time: half the median round trip of one stage output between each pair of
@@ -90,9 +91,8 @@ def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.devi
     memory = {key: statistics.median(values) for key, values in meter.samples.items()}
     round_trips = ping_pong(session, device)
 
-    # The fused backward (BW) is cheaper than B + W; the problem has no field for it, so
-    # it is reported beside the problem (the executor benchmark predicts BW schedules
-    # with it).
+    # The fused backward (BW) is often cheaper than B + W: measured in its own pass, it
+    # becomes each stage's `backward`, so that solvers see when fusing wins.
     fused = open_session(
         profiling_schedule(job.devices, job.microbatches, job.placement, fused=True),
         job.model,
@@ -124,16 +124,20 @@ def profile_result(devices: int, microbatches: int, placement: str, gathered: li
         round_trips += rank_trips
     problem = assemble_problem(devices, microbatches, placement, times, memory, round_trips)
     return {
-        "problem": problem.model_dump(mode="json"),
+        "problem": problem.to_json(),
         "fused_backward_ms": [times[("BW", s)] for s in range(problem.num_stages)],
     }
 
 
 def with_fused_backward(problem: Problem, fused_backward_ms: list[float]) -> Problem:
-    """The problem with W set to (measured BW - B), so that a BW op lasts as measured."""
+    """The problem with W set to (measured BW - B) and `backward` to the measured BW.
+
+    A profiled problem already holds the measured BW as `backward`; this also makes its
+    split B + W add up to it (what predictions made before `backward` existed used)."""
     data = problem.model_dump(mode="json")
     for stage, bw in zip(data["stages"], fused_backward_ms):
         stage["backward_weight"] = max(bw - stage["backward_input"], _MIN_MS)
+        stage["backward"] = max(bw, _MIN_MS)
     return Problem.model_validate(data)
 
 
@@ -175,7 +179,8 @@ def assemble_problem(
     memory: dict[tuple[str, int], float],
     round_trips: list[float],
 ) -> Problem:
-    """The problem from per-stage median times (ms) and memory (bytes; absent: 0)."""
+    """The problem from per-stage median times (ms; BW's, when measured, as `backward`)
+    and memory (bytes; absent: 0)."""
     stages = []
     for s, device in enumerate(placement_devices(placement, devices)):
         kept_forward = max(0.0, memory.get(("F", s), 0.0)) / GIB
@@ -186,6 +191,7 @@ def assemble_problem(
                 "forward": max(times[("F", s)], _MIN_MS),
                 "backward_input": max(times[("B", s)], _MIN_MS),
                 "backward_weight": max(times[("W", s)], _MIN_MS),
+                **({"backward": max(times[("BW", s)], _MIN_MS)} if ("BW", s) in times else {}),
                 "memory": {
                     "forward": kept_forward,
                     "backward_input": kept_backward,

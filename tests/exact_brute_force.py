@@ -14,8 +14,9 @@ import math
 from optimizer.errors import DeadlockError
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.spantiming import timed_for
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op, peak_memory
+from optimizer.schedule import peak_memory
 
 
 def _interleavings(chains: list[list[Op]]):

@@ -12,9 +12,8 @@ import random
 from hypothesis import strategies as st
 
 from optimizer.io import validate_model
+from optimizer.ops import Op, completion_key, dependencies, op_memory
 from optimizer.problem import Problem, placement_devices, uniform_problem
-from optimizer.schedule import Op, op_memory
-from optimizer.simulate import dependency
 
 PLACEMENTS = ("linear", "vshape", "interleaved:2")
 
@@ -29,32 +28,39 @@ def random_problem(
     limit: float | None = None,
     decimals: int | None = None,
     forward_memory: tuple[float, ...] = (1.0,),
+    slices: int = 1,
+    fused_saving: float | None = None,
 ) -> Problem:
     """A problem with random stage times and memory deltas that sum to zero.
 
     comm: the transfer time (random in [0, 0.3] when None). limit: the memory limit, raised
     to what one microbatch needs so the problem is feasible (None: unlimited). decimals:
     round times to this many decimals (an exact time grid for the integer models).
-    forward_memory: the forward allocations to draw from.
+    forward_memory: the forward allocations to draw from. slices: the number of token
+    slices, with random shares and costs (both summing to 1). fused_saving: when given,
+    each stage's fused backward takes (B + W) x (1 - a random fraction up to it).
     """
 
     def time(low: float, high: float) -> float:
         value = rng.uniform(low, high)
         return value if decimals is None else max(10.0**-decimals, round(value, decimals))
 
-    stages = []
+    stages, forwards = [], []
     for device in placement_devices(placement, p):
         allocated = rng.choice(forward_memory)
+        forwards.append(allocated)
         kept = round(rng.uniform(0.2, 0.6) * allocated, 6)
-        stages.append(
-            {
-                "device": device,
-                "forward": time(0.3, 2.0),
-                "backward_input": time(0.3, 2.0),
-                "backward_weight": time(0.1, 1.5),
-                "memory": {"forward": allocated, "backward_input": -(allocated - kept), "backward_weight": -kept},
-            }
-        )
+        f, b, w = time(0.3, 2.0), time(0.3, 2.0), time(0.1, 1.5)  # drawn in this order since the first seeds
+        stage = {
+            "device": device,
+            "forward": f,
+            "backward_input": b,
+            "backward_weight": w,
+            "memory": {"forward": allocated, "backward_input": -(allocated - kept), "backward_weight": -kept},
+        }
+        if fused_saving is not None:
+            stage["backward"] = (b + w) * (1 - rng.uniform(0, fused_saving))
+        stages.append(stage)
     data = {
         "num_devices": p,
         "num_microbatches": m,
@@ -62,10 +68,24 @@ def random_problem(
         "comm_time": time(0.0, 0.3) if comm is None else comm,
         "memory_limit": None,
     }
+    if slices > 1:
+        data["num_slices"] = slices
+        data["slices"] = random_slices(rng, slices)
     if limit is not None:
         need = max(Problem.model_validate(data).min_memory_limit())
-        data["memory_limit"] = max(limit, need)
+        # A slice's share of a stage's forward rounds: the sliced peak may come out a few ulps
+        # below one whole forward, which every limit must hold.
+        data["memory_limit"] = max(limit, need, max(forwards))
     return Problem.model_validate(data)
+
+
+def random_slices(rng: random.Random, k: int) -> list[dict[str, float]]:
+    """k slices with random shares, and costs growing with the prefix as attention's do."""
+    weights = [rng.uniform(0.5, 1.5) for _ in range(k)]
+    shares = [w / sum(weights) for w in weights]
+    prefix = [sum(shares[: j + 1]) for j in range(k)]
+    raw = [share * (1 + end) for share, end in zip(shares, prefix)]
+    return [{"share": share, "cost": c / sum(raw)} for share, c in zip(shares, raw)]
 
 
 def all_ops(problem: Problem, rng: random.Random | None = None, fused_share: float = 0.0) -> list[Op]:
@@ -73,9 +93,10 @@ def all_ops(problem: Problem, rng: random.Random | None = None, fused_share: flo
     ops = []
     for s in range(problem.num_stages):
         for i in range(problem.num_microbatches):
-            ops.append(Op("F", s, i))
-            fused = rng is not None and rng.random() < fused_share
-            ops += [Op("BW", s, i)] if fused else [Op("B", s, i), Op("W", s, i)]
+            for k in range(problem.num_slices):
+                ops.append(Op("F", s, i, k))
+                fused = rng is not None and rng.random() < fused_share
+                ops += [Op("BW", s, i, k)] if fused else [Op("B", s, i, k), Op("W", s, i, k)]
     return ops
 
 
@@ -97,33 +118,30 @@ def random_order_within_memory(problem: Problem, rng: random.Random) -> list[lis
 def _random_walk(problem: Problem, rng: random.Random, fused_share: float, respect_memory: bool) -> list[list[Op]] | None:
     tables = problem.tables()
     pending = all_ops(problem, rng, fused_share)
-    done: set[tuple[str, int, int]] = set()
+    done: set[Op] = set()
     usage = [0.0] * problem.num_devices
     orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
     while pending:
-        ready = [op for op in pending if _dependency_met(op, problem.num_stages, done)]
+        ready = [op for op in pending if all(key in done for key in dependencies(op, problem.num_stages, problem.num_slices))]
         if respect_memory:
             ready = [op for op in ready if _fits(tables, usage, op)]
         if not ready:
             return None
         op = rng.choice(ready)
         pending.remove(op)
-        done.add(("F" if op.kind == "F" else "B" if op.kind in ("B", "BW") else "W", op.stage, op.microbatch))
+        key = completion_key(op)
+        if key is not None:
+            done.add(key)
         device = tables.device[op.stage]
-        usage[device] += op_memory(tables, op.kind, op.stage)
+        usage[device] += op_memory(tables, op.kind, op.stage, op.slice)
         orders[device].append(op)
     return orders
 
 
-def _dependency_met(op: Op, num_stages: int, done: set) -> bool:
-    dep = dependency(op, num_stages)
-    return dep is None or (dep[0], dep[1], op.microbatch) in done
-
-
 def _fits(tables, usage: list[float], op: Op) -> bool:
     device = tables.device[op.stage]
-    after = usage[device] + op_memory(tables, op.kind, op.stage)
-    return after <= tables.limit[device] * (1 + 1e-9) or op_memory(tables, op.kind, op.stage) <= 0
+    delta = op_memory(tables, op.kind, op.stage, op.slice)
+    return usage[device] + delta <= tables.limit[device] * (1 + 1e-9) or delta <= 0
 
 
 def problem_cases(max_devices: int = 4, max_microbatches: int = 5, placements=PLACEMENTS, limits=(None, 1.0, 2.0, 4.0)):

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from optimizer.cli import app
+from optimizer.formats.schedule_json import load_schedule
 from optimizer.problem import uniform_problem
-from optimizer.schedule import load_schedule
 
 pytestmark = pytest.mark.solver
 

@@ -9,8 +9,10 @@ microbatch activations. On vshape and interleaved:V each chunk allocates 1/V of 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
+from factories import random_slices
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -208,6 +210,9 @@ PLACEMENT_OF = {
     "v-auto": "vshape",
     "dualpipe-v": "vshape",
     "greedy": "interleaved:3",
+    "terapipe": "vshape",
+    "seq1f1b": "linear",
+    "seq1f1b-zb": "linear",
 }
 
 
@@ -219,7 +224,7 @@ times = st.floats(min_value=0.1, max_value=3.0, allow_nan=False)
 
 
 @st.composite
-def heterogeneous(draw, placement: str) -> Problem:
+def heterogeneous(draw, placement: str, sliced: bool = False) -> Problem:
     p = draw(st.sampled_from([2, 3, 4, 8]))
     m = p * draw(st.integers(1, 4)) if placement.startswith("interleaved") else draw(st.integers(1, 3 * p))
     devices = placement_devices(placement, p)
@@ -234,7 +239,11 @@ def heterogeneous(draw, placement: str) -> Problem:
         for d in devices
     ]
     comm = draw(st.sampled_from([0.0, 0.05, 0.5]))
-    return Problem.model_validate({"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": comm})
+    data = {"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": comm}
+    if sliced:  # the token-slice families: uneven shares, attention-like costs
+        data["num_slices"] = k = draw(st.integers(2, 4))
+        data["slices"] = random_slices(random.Random(draw(st.integers(0, 10**6))), k)
+    return Problem.model_validate(data)
 
 
 @pytest.mark.parametrize("name", sorted(PLACEMENT_OF))
@@ -242,9 +251,9 @@ def test_family_orders_are_valid_on_random_times(name):
     generator = GENERATORS[name]
 
     @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-    @given(heterogeneous(PLACEMENT_OF[name]))
+    @given(heterogeneous(PLACEMENT_OF[name], generator.slices))
     def check(problem):
-        assume(generator.unsupported(problem) is None)  # Unsatisfiable if it never applies
+        assume(generator.reason(problem) is None)  # Unsatisfiable if it never applies
         schedule = simulate(problem, generator.build(problem), method=name)
         assert validate(problem, schedule.devices) == []
         assert math.isfinite(schedule.makespan)

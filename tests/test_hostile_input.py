@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_OPS, MAX_STAGES, uniform_problem
-from optimizer.schedule import load_schedule, save_schedule
 from optimizer.schedules import generate
 
 pytestmark = pytest.mark.slow  # about two minutes: a hundred CLI processes

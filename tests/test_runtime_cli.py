@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from optimizer.formats.schedule_json import load_schedule
 from optimizer.problem import load_problem
-from optimizer.schedule import load_schedule
 from runtime.cli import app
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]

@@ -16,8 +16,10 @@ import pytest
 import torch.nn as nn
 from typer.testing import CliRunner
 
+from optimizer.formats.schedule_json import save_schedule
+from optimizer.ops import Op, TimedOp
 from optimizer.problem import uniform_problem
-from optimizer.schedule import Op, Schedule, TimedOp, save_schedule
+from optimizer.schedule import Schedule
 from optimizer.schedules import generate
 from runtime.cli import app
 from runtime.models import GPTConfig, build_example
@@ -93,7 +95,7 @@ def test_deadlocking_schedule_is_refused_before_any_rank_starts(tmp_path):
         [Op("BW", 0, 0), Op("F", 0, 0), Op("F", 0, 1), Op("BW", 0, 1)],
         [Op("F", 1, 0), Op("BW", 1, 0), Op("F", 1, 1), Op("BW", 1, 1)],
     ]
-    timed = [[TimedOp(*op, float(i), i + 1.0) for i, op in enumerate(ops)] for ops in orders]
+    timed = [[TimedOp(op.kind, op.stage, op.microbatch, float(i), i + 1.0) for i, op in enumerate(ops)] for ops in orders]
     path = tmp_path / "deadlock.json"
     save_schedule(Schedule(uniform_problem(2, 2), "hand-made", timed), path)
     result = invoke("run", path, "--model", "example")

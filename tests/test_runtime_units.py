@@ -9,13 +9,14 @@ import torch
 import torch.nn as nn
 
 from optimizer.errors import DeadlockError, InputError
-from optimizer.problem import uniform_problem
-from optimizer.schedule import Op, Schedule, TimedOp
+from optimizer.ops import Op, TimedOp
+from optimizer.problem import Problem, uniform_problem
+from optimizer.schedule import Schedule
 from optimizer.schedules import generate
 from runtime.backward import SplitBackward, backward_fused, backward_weight
 from runtime.models import GPTConfig, GPTStage, build_example, even_split, load_model
 from runtime.plan import ACTIVATION, GRADIENT, build_plans
-from runtime.profile import profiling_schedule
+from runtime.profile import profile_result, profiling_schedule
 
 pytestmark = pytest.mark.runtime
 
@@ -142,7 +143,7 @@ def test_plan_refuses_deadlock_and_wrong_world_size():
         [Op("BW", 0, 0), Op("F", 0, 0), Op("F", 0, 1), Op("BW", 0, 1)],
         [Op("F", 1, 0), Op("BW", 1, 0), Op("F", 1, 1), Op("BW", 1, 1)],
     ]
-    fake_times = [[TimedOp(*op, 0.0, 1.0) for op in ops] for ops in orders]
+    fake_times = [[TimedOp(op.kind, op.stage, op.microbatch, 0.0, 1.0) for op in ops] for ops in orders]
     schedule = Schedule(problem, "hand-made", fake_times)
     with pytest.raises(DeadlockError, match=r"device 0 waits at BW\(stage 0, mb 0\)"):
         build_plans(schedule, 2)
@@ -155,3 +156,17 @@ def test_profiling_schedule_splits_backward_for_every_placement():
         schedule = profiling_schedule(2, 3, placement)
         kinds = {op.kind for device in schedule.devices for op in device}
         assert kinds == {"F", "B", "W"}
+
+
+def test_profile_writes_the_measured_fused_backward_into_the_problem():
+    """Two ranks' measurements (ms per (kind, stage)): BW, cheaper than B + W here, becomes
+    each stage's `backward`, and a fused 1F1B is timed with it."""
+    ranks = [
+        ({("F", 0): 1.0, ("B", 0): 2.0, ("W", 0): 1.5, ("BW", 0): 2.8}, {("F", 0): 2**20}, [0.002]),
+        ({("F", 1): 1.1, ("B", 1): 2.2, ("W", 1): 1.6, ("BW", 1): 3.1}, {("F", 1): 2**20}, []),
+    ]
+    result = profile_result(2, 4, "linear", ranks)
+    assert [stage["backward"] for stage in result["problem"]["stages"]] == [2.8, 3.1]
+    problem = Problem.model_validate(result["problem"])
+    schedule = generate(problem, "1f1b")
+    assert {round(op.end - op.start, 9) for op in schedule.devices[1] if op.kind == "BW"} == {3.1}

@@ -25,8 +25,9 @@ from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.spantiming import span_times, timed_for
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables, tick_problem
+from optimizer.formats.schedule_json import load_schedule
 from optimizer.problem import load_problem, uniform_problem
-from optimizer.schedule import Schedule, load_schedule
+from optimizer.schedule import Schedule
 from optimizer.schedules import GENERATORS
 from optimizer.simulate import simulate, simulate_times
 from optimizer.validate import validate

@@ -13,11 +13,13 @@ from torch.distributed.pipelining import schedules as torch_schedules
 from typer.testing import CliRunner
 
 from optimizer.cli import app
-from optimizer.errors import InputError
+from optimizer.errors import InputError, ScheduleError
 from optimizer.exact import SolveOptions, solve
 from optimizer.formats import torch_csv
+from optimizer.formats.schedule_json import save_schedule
+from optimizer.ops import Op
 from optimizer.problem import Problem, uniform_problem
-from optimizer.schedule import Op, Schedule, ScheduleError, save_schedule
+from optimizer.schedule import Schedule
 from optimizer.schedules import GENERATORS, generate
 from runtime.torch_orders import builtin_order_rows, builtin_schedule, builtin_schedules
 
@@ -133,8 +135,8 @@ def cli(*args):
 
 def test_export_writes_every_registered_format(tmp_path):
     from optimizer.formats import formats
+    from optimizer.formats.schedule_json import load_schedule
     from optimizer.layer_costs import DecoderSizes, decoder_layers
-    from optimizer.schedule import load_schedule
     from optimizer.split import Placement, even_split, split_problem
 
     # A problem made from a layer split, so that the formats of the split have one to write.

@@ -15,8 +15,9 @@ from test_runtime_families import FAMILIES, Batch, microbatches, tiny_model
 from typer.testing import CliRunner
 
 from optimizer.exact import SolveOptions, solve
+from optimizer.formats.schedule_json import save_schedule
+from optimizer.ops import Op
 from optimizer.problem import uniform_problem
-from optimizer.schedule import Op, save_schedule
 from optimizer.schedules import GENERATORS, generate
 from optimizer.simulate import simulate
 from runtime.cli import app

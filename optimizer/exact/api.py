@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 
 from optimizer.errors import InputError
-from optimizer.exact.bounds import lower_bound
+from optimizer.exact.bounds import LowerBound, lower_bound
 from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
 from optimizer.exact.incumbents import Candidate, closest
@@ -21,6 +21,7 @@ from optimizer.exact.portfolio import solve_auto, starting_points, whole_model
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.exact.tracker import Tracker
+from optimizer.ops import op_duration
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from optimizer.schedules.listengine import check_memory_feasible
@@ -54,11 +55,13 @@ def solve(
             f"method: {method} builds one model of all {ops} ops and keeps its time limit up to "
             f"{WHOLE_MODEL_MAX_OPS[method]} ops; use --method auto, which decomposes larger problems"
         )
+    if problem.num_slices > 1 and method != "auto":
+        raise InputError(f"method: {method} does not handle token slices yet (num_slices = {problem.num_slices}); use --method auto")
     if method == "milp":
         _milp().make_solver(options.solver, options.time_limit, options.threads)  # an unknown name fails now, not later
     check_memory_feasible(problem)
     tracker = Tracker(options.objective, options.time_limit, on_progress)
-    bound = lower_bound(problem, options.objective)
+    bound = lower_bound(problem, options.objective) if problem.num_slices == 1 else _work_bound(problem, options.objective)
     tracker.raise_bound(bound.value, bound.reason)
     starts: list[Candidate] = []
     try:
@@ -117,3 +120,19 @@ def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> No
         tracker.proven = True
     if result.interrupted:
         raise KeyboardInterrupt
+
+
+def _work_bound(problem: Problem, objective: str) -> LowerBound:
+    """The busiest device's work: a valid bound for any problem, token slices included.
+
+    Every op of a device runs on it, one at a time, whichever backward it splits or fuses
+    (the cheaper of BW and B + W counts), under both objectives.
+    """
+    tables = problem.tables()
+    work = [0.0] * problem.num_devices
+    for s in range(problem.num_stages):
+        for k in range(problem.num_slices):
+            fused = op_duration(tables, "BW", s, k)
+            split = op_duration(tables, "B", s, k) + op_duration(tables, "W", s, k)
+            work[tables.device[s]] += problem.num_microbatches * (op_duration(tables, "F", s, k) + min(fused, split))
+    return LowerBound(max(work), "busiest device's work")

@@ -146,7 +146,7 @@ def pareto(
             interrupted = True
         if interrupted:  # this limit's best so far is kept; the sweep ends here
             break
-    return ParetoCurve(points, generators, options.time_limit, unlimited.model_dump(mode="json"), interrupted)
+    return ParetoCurve(points, generators, options.time_limit, unlimited.to_json(), interrupted)
 
 
 def _solve_point(problem: Problem, limit: float, options: SolveOptions, on_progress: Callable[[Progress], None]) -> ParetoPoint:

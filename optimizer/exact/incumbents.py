@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimizer.exact.canonical import canonical
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op, Schedule
+from optimizer.schedule import Schedule
 from optimizer.schedules import applicable
 from optimizer.simulate import simulate
 
@@ -40,7 +41,8 @@ def overshoot(schedule: Schedule) -> float:
 
 
 def candidate(problem: Problem, name: str, orders: Sequence[Sequence[Op]]) -> Candidate:
-    schedule = simulate(problem, canonical(orders), method=name)
+    # The canonical form (split backwards, microbatches relabelled) is defined for unsliced orders.
+    schedule = simulate(problem, canonical(orders) if problem.num_slices == 1 else orders, method=name)
     return Candidate(name, schedule, overshoot(schedule))
 
 

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules import listengine
 
 

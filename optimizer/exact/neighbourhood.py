@@ -26,8 +26,9 @@ from optimizer.exact.incumbents import objective_value
 from optimizer.exact.spantiming import affordable, timed_for
 from optimizer.exact.subproblem import splice, window_subproblem
 from optimizer.exact.timescale import IntegerTables, tick_problem
+from optimizer.ops import Op, TimedOp
 from optimizer.problem import Problem
-from optimizer.schedule import Op, Schedule, TimedOp
+from optimizer.schedule import Schedule
 from optimizer.simulate import simulate_times
 
 # Free ops per window: small enough that CP-SAT closes most windows in well under a

@@ -30,10 +30,9 @@ from ortools.sat.python import cp_model
 
 from optimizer.exact.cpsat import run_cpsat
 from optimizer.exact.timescale import IntegerTables
+from optimizer.ops import SPLIT_KINDS, Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 
-KINDS = ("F", "B", "W")
 # Periods tried, as multiples of the busiest device's work per microbatch.
 PERIOD_STEPS = (1.0, 1.02, 1.05, 1.1, 1.15, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.5, 3.0)
 
@@ -59,14 +58,14 @@ def solve_period(
     dev = tables.device
     dur = tables.duration
     comm = [tables.comm if s + 1 < S and dev[s] != dev[s + 1] else 0 for s in range(S)]
-    latency_cap = 4 * (sum(dur[k][s] for k in KINDS for s in range(S)) + 2 * S * tables.comm) + 2 * period
+    latency_cap = 4 * (sum(dur[k][s] for k in SPLIT_KINDS for s in range(S)) + 2 * S * tables.comm) + 2 * period
     wraps = latency_cap // period + 2
 
     # --- variables --------------------------------------------------------------------
     model = cp_model.CpModel()
     offset, phase, lap, intervals = {}, {}, {}, {}
     for s in range(S):
-        for kind in KINDS:
+        for kind in SPLIT_KINDS:
             key = (kind, s)
             name = f"{kind}_{s}"
             offset[key] = model.new_int_var(0, latency_cap, f"offset_{name}")
@@ -90,11 +89,11 @@ def solve_period(
         else:
             model.add(offset[("B", s)] >= offset[("B", s + 1)] + dur["B"][s + 1] + comm[s])
         model.add(offset[("W", s)] >= offset[("B", s)] + dur["B"][s])
-        for kind in KINDS:
+        for kind in SPLIT_KINDS:
             model.add(latency >= offset[(kind, s)] + dur[kind][s])
     for d in range(problem.num_devices):
         stages = [s for s in range(S) if dev[s] == d]
-        model.add_no_overlap([iv for s in stages for kind in KINDS for iv in intervals[(kind, s)]])
+        model.add_no_overlap([iv for s in stages for kind in SPLIT_KINDS for iv in intervals[(kind, s)]])
         # The exact steady-state usage (modular counting of microbatches in flight) made
         # the search far slower in trials, so memory enters through the lifespans: by
         # Little's law their sum over T is the device's average usage. The caller keeps a
@@ -143,7 +142,7 @@ def periodic_orders(
     dev = tables.device
     work = [0] * problem.num_devices
     for s in range(problem.num_stages):
-        work[dev[s]] += sum(tables.duration[k][s] for k in KINDS)
+        work[dev[s]] += sum(tables.duration[k][s] for k in SPLIT_KINDS)
     busiest = max(work)
     found = []
     tried = set()

@@ -29,6 +29,7 @@ from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import IntegerTables, integer_tables, tick_problem
 from optimizer.exact.tracker import Tracker
 from optimizer.problem import Problem
+from optimizer.schedules.listengine import sliced_support
 from optimizer.simulate import simulate, simulate_times
 
 # Up to this many ops the whole model is worth running: CP-SAT proves p=4, m=16
@@ -69,7 +70,8 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     )
     for c in found:
         tracker.offer(c.schedule, c.name)
-    for policy in policies():
+    # The list-scheduler policies order token slices where the engine can (listengine).
+    for policy in policies() if sliced_support(problem) is None else ():
         # Once a fitting schedule is known and the known schedules' share of the time is
         # spent, a list schedule (as slow as a simulation) would overrun a short limit.
         if tracker.best is not None and (tracker.left() <= 0 or tracker.elapsed() >= GENERATOR_SHARE * tracker.time_limit):
@@ -140,16 +142,23 @@ class Phase:
     run: Callable[[Problem, IntegerTables, SolveOptions, Tracker, float], None]
 
 
+# The exact models, the window search, the periodic patterns and the relaxations order
+# unsliced problems only (so far): on a problem with token slices none of the phases
+# applies, and `auto` returns the best starting point.
+def _unsliced(problem: Problem) -> bool:
+    return problem.num_slices == 1
+
+
 def _small(problem: Problem, options: SolveOptions) -> bool:
-    return 3 * problem.num_stages * problem.num_microbatches <= FULL_MODEL_OPS
+    return _unsliced(problem) and 3 * problem.num_stages * problem.num_microbatches <= FULL_MODEL_OPS
 
 
 def _large(problem: Problem, options: SolveOptions) -> bool:
-    return not _small(problem, options)
+    return _unsliced(problem) and 3 * problem.num_stages * problem.num_microbatches > FULL_MODEL_OPS
 
 
 def _relaxable(problem: Problem, options: SolveOptions) -> bool:
-    return devicebound.applicable(problem, objective=options.objective)
+    return _unsliced(problem) and devicebound.applicable(problem, objective=options.objective)
 
 
 def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:

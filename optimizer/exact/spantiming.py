@@ -25,9 +25,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration
 from optimizer.problem import Problem
-from optimizer.schedule import Op, Schedule, TimedOp, op_duration
-from optimizer.simulate import dependency, simulate, simulate_times
+from optimizer.schedule import Schedule
+from optimizer.simulate import simulate, simulate_times
 
 # The optimal span is a cycle mean of float path lengths; relaxing the fixpoint at
 # exactly that value can cycle on rounding, so it runs at a span this much larger
@@ -48,19 +49,19 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
     flat = sorted((t.start, d, k) for d, ops in enumerate(asap) for k, t in enumerate(ops))
     number = {(d, k): j for j, (_, d, k) in enumerate(flat)}
     ops = [asap[d][k] for _, d, k in flat]
-    duration = np.array([op_duration(tables, t.kind, t.stage) for t in ops])
-    producer: dict[tuple[str, int, int], int] = {}
+    duration = np.array([op_duration(tables, t.kind, t.stage, t.slice) for t in ops])
+    producer: dict[Op, int] = {}
     for j, t in enumerate(ops):
-        if t.kind != "W":
-            producer[("F" if t.kind == "F" else "B", t.stage, t.microbatch)] = j
+        key = completion_key(t)
+        if key is not None:
+            producer[key] = j
     predecessors: list[list[tuple[int, float]]] = [[] for _ in ops]
     for (d, k), j in number.items():
         if k > 0:
             predecessors[j].append((number[(d, k - 1)], 0.0))
-        dep = dependency(ops[j].op, problem.num_stages)
-        if dep is not None:
-            delay = problem.comm_time if device_of[dep[1]] != d else 0.0
-            predecessors[j].append((producer[(dep[0], dep[1], ops[j].microbatch)], delay))
+        for dep in dependencies(ops[j], problem.num_stages, problem.num_slices):
+            delay = problem.comm_time if device_of[dep.stage] != d else 0.0
+            predecessors[j].append((producer[dep], delay))
     first = np.array([number[(d, 0)] for d in range(p)])
     last = np.array([number[(d, len(orders[d]) - 1)] for d in range(p)])
 

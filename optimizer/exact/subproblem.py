@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from optimizer.exact.timescale import IntegerTables
+from optimizer.ops import Op, TimedOp, dependencies
 from optimizer.problem import Problem
-from optimizer.schedule import Op, TimedOp
-from optimizer.simulate import dependency
 
 
 @dataclass
@@ -85,10 +84,9 @@ def _all_ops(problem: Problem) -> list[Op]:
 
 
 def _dependency_op(op: Op, num_stages: int) -> Op | None:
-    dep = dependency(op, num_stages)
-    if dep is None:
-        return None
-    return Op(dep[0], dep[1], op.microbatch)
+    """The one op `op` waits for (unsliced problems: at most one; all backwards split here)."""
+    deps = dependencies(op, num_stages)
+    return deps[0] if deps else None
 
 
 def _memory_delta(tables: IntegerTables, op: Op) -> int:

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from functools import reduce
 
+from optimizer.ops import SPLIT_KINDS
 from optimizer.problem import Problem
 
 MIN_TICKS = 1000
@@ -25,7 +26,6 @@ MIN_TICKS = 1000
 # linear relaxation well conditioned when values stay moderate.
 MAX_HORIZON_TICKS = 10**9
 MEMORY_UNITS = 10**6  # resolution of memory when no exact decimal grid exists
-KINDS = ("F", "B", "W")
 
 
 def _exact_decimal_scale(values: list[float], max_power: int) -> int | None:
@@ -93,9 +93,9 @@ def integer_tables(problem: Problem) -> IntegerTables:
     """Scale the problem's times and memory to integers (see the module doc for the rules)."""
     t = problem.tables()
     durations = {"F": t.forward, "B": t.backward_input, "W": t.backward_weight}
-    times = [v for kind in KINDS for v in durations[kind]] + [problem.comm_time]
+    times = [v for kind in SPLIT_KINDS for v in durations[kind]] + [problem.comm_time]
     total = (
-        sum(sum(durations[kind]) for kind in KINDS) * problem.num_microbatches
+        sum(sum(durations[kind]) for kind in SPLIT_KINDS) * problem.num_microbatches
         + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches
     )
     exact_scale = _exact_decimal_scale(times, 4)
@@ -107,7 +107,7 @@ def integer_tables(problem: Problem) -> IntegerTables:
         scale = 10 ** max(0, math.ceil(math.log10(MIN_TICKS / smallest)))
     rounding = 0.0
     ticks: dict[str, tuple[int, ...]] = {}
-    for kind in KINDS:
+    for kind in SPLIT_KINDS:
         values = []
         for v in durations[kind]:
             tick = max(1, math.floor(v * scale + 1e-9))
@@ -118,21 +118,21 @@ def integer_tables(problem: Problem) -> IntegerTables:
 
     deltas = {"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight}
     limits = [None if math.isinf(v) else v for v in t.limit]
-    mem_values = [v for kind in KINDS for v in deltas[kind]]
+    mem_values = [v for kind in SPLIT_KINDS for v in deltas[kind]]
     exact_memory_scale = _exact_decimal_scale(mem_values + [v for v in limits if v is not None], 6)
     exact_memory = exact_memory_scale is not None
     memory: dict[str, tuple[int, ...]] = {}
     mem_scale: float
     if exact_memory_scale is not None:
-        integers = {kind: [round(v * exact_memory_scale) for v in deltas[kind]] for kind in KINDS}
-        divisor = reduce(math.gcd, (abs(v) for kind in KINDS for v in integers[kind]), 0) or 1
-        memory = {kind: tuple(v // divisor for v in integers[kind]) for kind in KINDS}
+        integers = {kind: [round(v * exact_memory_scale) for v in deltas[kind]] for kind in SPLIT_KINDS}
+        divisor = reduce(math.gcd, (abs(v) for kind in SPLIT_KINDS for v in integers[kind]), 0) or 1
+        memory = {kind: tuple(v // divisor for v in integers[kind]) for kind in SPLIT_KINDS}
         mem_scale = exact_memory_scale / divisor
         int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
     else:
         mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
         # Allocations up, frees down (towards zero), limit down: conservative.
-        memory = {kind: tuple(math.ceil(v * mem_scale - 1e-9) for v in deltas[kind]) for kind in KINDS}
+        memory = {kind: tuple(math.ceil(v * mem_scale - 1e-9) for v in deltas[kind]) for kind in SPLIT_KINDS}
         int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
 
     return IntegerTables(

@@ -1,15 +1,134 @@
-"""Schedule JSON v1 (defined in optimizer/schedule.py), as an export format."""
+"""The schedule file format (pipesched.schedule, versions 1 and 2): the one place it is read and written.
+
+Version 2 adds each op's `slice` (token slices, optimizer/ops.py). A schedule without any
+op on a slice > 0 is written as version 1, exactly as before slices existed, so older
+readers keep loading it; both versions are read.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
+from optimizer.io import read_json, validate_model, write_json_atomic
+from optimizer.ops import TimedOp
+from optimizer.problem import MAX_OPS, MAX_VALUE, Problem
 from optimizer.schedule import Schedule
+from optimizer.validate import validate
+
+NAME = "pipesched.schedule"
+VERSIONS = (1, 2)
+
+# Times of a schedule at the size limit: MAX_OPS ops of at most MAX_VALUE each.
+_MAX_TIME = MAX_VALUE * MAX_OPS
+
+
+class _OpRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    kind: Literal["F", "B", "W", "BW"]
+    stage: int = Field(ge=0)
+    microbatch: int = Field(ge=0)
+    start: float = Field(ge=-_MAX_TIME, le=_MAX_TIME)
+    end: float = Field(ge=-_MAX_TIME, le=_MAX_TIME)
+    slice: int = Field(default=0, ge=0)
+
+
+class _MetricsRecord(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    lower_bound: float | None = None
+    gap: float | None = None
+    status: str | None = None
+    method_won: str | None = None
+    solve_seconds: float | None = None
+
+
+class _ScheduleRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    format: Literal["pipesched.schedule"]
+    version: Literal[1, 2]
+    problem: Problem
+    method: str
+    devices: list[list[_OpRecord]]
+    metrics: _MetricsRecord = _MetricsRecord()
+
+
+def schedule_to_json(schedule: Schedule) -> dict:
+    """The file's JSON: version 1 unless some op is on a slice > 0."""
+    sliced = any(o.slice > 0 for device in schedule.devices for o in device)
+
+    def record(o: TimedOp) -> dict:
+        fields = {"kind": str(o.kind), "stage": o.stage, "microbatch": o.microbatch, "start": o.start, "end": o.end}
+        return {**fields, "slice": o.slice} if sliced else fields
+
+    return {
+        "format": NAME,
+        "version": 2 if sliced else 1,
+        "problem": schedule.problem.to_json(),
+        "method": schedule.method,
+        "devices": [[record(o) for o in device] for device in schedule.devices],
+        "metrics": schedule.metrics.as_dict(),
+    }
+
+
+def schedule_from_json(data: object, source: str = "schedule", *, check: bool = True) -> Schedule:
+    """Build a schedule from JSON data; with `check`, refuse one that breaks any rule."""
+    if not isinstance(data, dict) or data.get("format") != NAME:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise InputError(f"{source}: not a pipesched schedule (format is {found!r}, expected {NAME!r})")
+    if data.get("version") not in VERSIONS:
+        raise InputError(
+            f"{source}: schedule format version {data.get('version')!r} is not supported (this pipesched reads {', '.join(map(str, VERSIONS))})"
+        )
+    record = validate_model(_ScheduleRecord, data, source)
+    devices = [[TimedOp(o.kind, o.stage, o.microbatch, o.start, o.end, o.slice) for o in device] for device in record.devices]
+    if record.version == 1 and any(o.slice > 0 for device in devices for o in device):
+        raise InputError(f"{source}: version: ops on a slice > 0 need schedule format version 2")
+    _check_shape(record.problem, devices, source)
+    if check:
+        violations = validate(record.problem, devices)
+        if violations:
+            raise ScheduleError(source, violations)
+    schedule = Schedule(record.problem, record.method, devices)
+    extra = record.metrics.model_dump(exclude_none=True)
+    for name in ("lower_bound", "gap", "status", "method_won", "solve_seconds"):
+        if name in extra:
+            setattr(schedule.metrics, name, extra[name])
+    return schedule
+
+
+def _check_shape(problem: Problem, devices: list[list[TimedOp]], source: str) -> None:
+    """Refuse ops that name no op of the problem: nothing else (metrics, the validator's
+    timing rules, the executor's plans) can make sense of them."""
+    total = sum(len(ops) for ops in devices)
+    if total > MAX_OPS:  # a complete schedule has at most 3 * stages * microbatches * slices ops
+        raise InputError(f"{source}: devices: {total} ops is more than the {MAX_OPS} pipesched takes (README, Size limits)")
+    for d, ops in enumerate(devices):
+        for k, op in enumerate(ops):
+            if op.stage >= problem.num_stages:
+                raise InputError(f"{source}: devices.{d}.{k}.stage: {op.stage} is out of range ({problem.num_stages} stages)")
+            if op.microbatch >= problem.num_microbatches:
+                raise InputError(
+                    f"{source}: devices.{d}.{k}.microbatch: {op.microbatch} is out of range ({problem.num_microbatches} microbatches)"
+                )
+            if op.slice >= problem.num_slices:
+                raise InputError(f"{source}: devices.{d}.{k}.slice: {op.slice} is out of range ({problem.num_slices} slices)")
+
+
+def load_schedule(path: str | Path, *, check: bool = True) -> Schedule:
+    return schedule_from_json(read_json(path), str(path), check=check)
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> None:
+    write_json_atomic(path, schedule_to_json(schedule))
 
 
 def write(schedule: Schedule) -> str:
-    return json.dumps(schedule.to_json(), indent=1) + "\n"
+    return json.dumps(schedule_to_json(schedule), indent=1) + "\n"
 
 
-FORMAT = ScheduleFormat("schedule-json", "pipesched's schedule JSON, version 1", ".json", write)
+FORMAT = ScheduleFormat("schedule-json", "pipesched's schedule JSON (version 1, or 2 with token slices)", ".json", write)

@@ -23,10 +23,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from optimizer.errors import InputError
+from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op, Schedule, ScheduleError
+from optimizer.schedule import Schedule
 from optimizer.simulate import simulate
 from optimizer.validate import validate
 

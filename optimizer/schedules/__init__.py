@@ -11,6 +11,9 @@ from optimizer.schedules import (
     greedy,
     interleaved,
     one_f_one_b,
+    seq1f1b,
+    seq1f1b_zb,
+    terapipe,
     v_auto,
     v_half,
     v_min,
@@ -27,7 +30,23 @@ from optimizer.simulate import simulate
 # first, so that a short time limit, which cuts that phase off, still gets them.
 GENERATORS: dict[str, Generator] = {
     module.GENERATOR.name: module.GENERATOR
-    for module in (zb_auto, v_auto, gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v, v_half, v_min, dualpipe_v, greedy)
+    for module in (
+        zb_auto,
+        v_auto,
+        gpipe,
+        one_f_one_b,
+        interleaved,
+        zb_h1,
+        zb_h2,
+        zb_v,
+        v_half,
+        v_min,
+        dualpipe_v,
+        terapipe,
+        seq1f1b,
+        seq1f1b_zb,
+        greedy,
+    )
 }
 
 
@@ -41,14 +60,14 @@ def get_generator(name: str) -> Generator:
 def generate(problem: Problem, name: str) -> Schedule:
     """Build and time the named schedule; a clear error when the family does not apply."""
     generator = get_generator(name)
-    reason = generator.unsupported(problem)
+    reason = generator.reason(problem)
     if reason is not None:
         raise InputError(f"{name}: {reason}")
     return simulate(problem, generator.build(problem), method=name)
 
 
 def applicable(problem: Problem) -> list[Generator]:
-    return [g for g in GENERATORS.values() if g.unsupported(problem) is None]
+    return [g for g in GENERATORS.values() if g.reason(problem) is None]
 
 
 def generate_all(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:

@@ -17,7 +17,7 @@ retimes the resulting order with the real op times.
 
 from __future__ import annotations
 
-from optimizer.schedule import Op
+from optimizer.ops import Op
 from optimizer.schedules.registry import Orders
 
 # Op types of the slot model, in the paper's order.

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules.registry import Generator, Orders
 from optimizer.schedules.support import vshape_only
 

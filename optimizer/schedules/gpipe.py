@@ -7,8 +7,8 @@ backwards in reverse model order.
 
 from __future__ import annotations
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules.registry import Generator, Orders, any_problem
 
 

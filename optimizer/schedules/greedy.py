@@ -3,7 +3,8 @@ over a grid of policies, in the spirit of Zero Bubble's automatic scheduler (Qi 
 2024, "Zero Bubble Pipeline Parallelism", section 3.1); the order with the smallest
 makespan is kept.
 
-Works for any placement, heterogeneous stage times and per-device memory limits; never
+Works for any placement, heterogeneous stage times and per-device memory limits, and
+orders token slices (under a memory limit, with one stage per device); never
 over the limit and never deadlocked for any limit from `Problem.min_memory_limit()` up
 (the engine's memory safety); below that InfeasibleError says so.
 """
@@ -11,8 +12,8 @@ over the limit and never deadlocked for any limit from `Problem.min_memory_limit
 from __future__ import annotations
 
 from optimizer.problem import Problem
-from optimizer.schedules.listengine import Policy, best_of
-from optimizer.schedules.registry import Generator, Orders, any_problem
+from optimizer.schedules.listengine import Policy, best_of, sliced_support
+from optimizer.schedules.registry import Generator, Orders
 
 # A covering subset of the full product of priority x fill_w x hold_forward x throttle
 # (4 x 4 x 2 x 2): on 120 random problems (linear, V, interleaved, custom; no, tight and
@@ -50,7 +51,7 @@ def policy_grid(problem: Problem) -> tuple[Policy, ...]:
         grid = MULTI_STAGE_GRID + GRID  # usually best there: run first for a tight cutoff
     else:
         grid = GRID
-    ops = 3 * problem.num_stages * problem.num_microbatches
+    ops = 3 * problem.num_stages * problem.num_microbatches * problem.num_slices
     if ops <= _FULL_GRID_OPS:
         return grid
     return grid[: max(len(MULTI_STAGE_GRID), len(grid) * _FULL_GRID_OPS // ops)]
@@ -64,5 +65,6 @@ GENERATOR = Generator(
     "greedy",
     "Memory-aware list scheduler: any placement and timings, never over the memory limit",
     greedy,
-    any_problem,
+    sliced_support,
+    slices=True,
 )

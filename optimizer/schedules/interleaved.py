@@ -14,8 +14,8 @@ microbatches on device 0.
 
 from __future__ import annotations
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules.registry import Generator, Orders
 from optimizer.schedules.support import interleaved_chunks
 

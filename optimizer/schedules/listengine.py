@@ -13,6 +13,14 @@ Works for heterogeneous stage times, per-device memory limits and any placement,
 custom included. Per stage, F's and B's run in microbatch order; each device runs its
 W's first in, first out.
 
+Token slices: the engine orders units, F's through each microbatch's slices in order and
+B's through each microbatch's slices in reverse (what the slice dependencies ask for), so
+a stage's F's and B's are each one sequence of positions as microbatches are without
+slices. Memory is kept per microbatch (all its slices), and its trajectory on a device
+is the order above (`one_microbatch_peaks`); that order is the only one on a device with
+one stage, so under a memory limit sliced problems need one stage per device (`sliced_
+support`); without a limit any placement works.
+
 Memory safety, the reason it never deadlocks, whatever the policy. On a device, call a
 microbatch live from its first F there until its last W there; live microbatches are
 admitted in microbatch order. Let h_j be the memory microbatch j holds on the device
@@ -40,8 +48,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from optimizer.errors import InfeasibleError
+from optimizer.ops import Op, op_duration, op_memory
 from optimizer.problem import Problem, one_microbatch_peaks
-from optimizer.schedule import Op, op_duration
 from optimizer.schedules.registry import Orders
 
 # Limits and memory deltas are floats that may be sums of profiled values.
@@ -115,12 +123,21 @@ def check_memory_feasible(problem: Problem) -> None:
     )
 
 
-def _oldest_first(stage_microbatch: tuple[int, int]) -> tuple[int, int]:
-    return stage_microbatch[1], -stage_microbatch[0]
+def sliced_support(problem: Problem) -> str | None:
+    """Why the engine cannot order this problem's token slices safely (None: it can)."""
+    if problem.num_slices == 1 or problem.memory_limit is None:
+        return None
+    if problem.num_stages == problem.num_devices:
+        return None
+    return "orders token slices under a memory limit with one stage per device only"
+
+
+def _oldest_first(op: Op) -> tuple[int, int, int]:
+    return op.microbatch, -op.stage, op.slice
 
 
 def _op_time(tables, op: Op) -> float:
-    return op_duration(tables, op.kind, op.stage)
+    return op_duration(tables, op.kind, op.stage, op.slice)
 
 
 class DeviceMemory:
@@ -238,6 +255,9 @@ class _ListScheduler:
         self.cutoff = cutoff
         self.tables = t = problem.tables()
         self.p, self.m, self.n = problem.num_devices, problem.num_microbatches, problem.num_stages
+        # F's and B's of a stage are runs of positions over units (microbatch, slice).
+        self.k = problem.num_slices
+        self.units = self.m * self.k
         self.comm = problem.comm_time
         self.device = t.device
         self.stages_on = [problem.stages_on(d) for d in range(self.p)]
@@ -245,21 +265,21 @@ class _ListScheduler:
             DeviceMemory(
                 t.limit[d],
                 one_microbatch_peaks(t, self.stages_on[d]),
-                3 * len(self.stages_on[d]),
+                3 * len(self.stages_on[d]) * self.k,
                 any(t.mem_backward_input[s] > 0 or t.mem_backward_weight[s] > 0 for s in self.stages_on[d]),
                 sum(max(0.0, t.mem_backward_weight[s]) for s in self.stages_on[d]),
             )
             for d in range(self.p)
         ]
         inf = math.inf
-        self.arrive_f = [[0.0 if s == 0 else inf] * self.m for s in range(self.n)]
-        self.arrive_b = [[inf] * self.m for _ in range(self.n)]
+        self.arrive_f = [[0.0 if s == 0 else inf] * self.units for s in range(self.n)]
+        self.arrive_b = [[inf] * self.units for _ in range(self.n)]
         self.next_f = [0] * self.n
         self.next_b = [0] * self.n
-        self.weights: list[deque[tuple[int, int]]] = [deque() for _ in range(self.p)]
+        self.weights: list[deque[Op]] = [deque() for _ in range(self.p)]
         self.free_at = [0.0] * self.p
         self.w_quota = [min(self.stages_on[d]) for d in range(self.p)]
-        self.forward_alloc = [[t.mem_forward[s] for s in self.stages_on[d]] for d in range(self.p)]
+        self.forward_alloc = [[op_memory(t, "F", s, k) for s in self.stages_on[d] for k in range(self.k)] for d in range(self.p)]
         self.first_stage = [stages[0] for stages in self.stages_on]
         # Room for one microbatch's forwards on the device's other stages (reserve "one").
         self.reserve_one = [sum(t.mem_forward[s] for s in stages[1:]) for stages in self.stages_on]
@@ -269,9 +289,10 @@ class _ListScheduler:
         self.left = [0] * self.p  # ... and their B there
         self.last_kind = ["B"] * self.p  # F or B, for the "alternate" priority
         self.orders: Orders = [[] for _ in range(self.p)]
-        self.remaining = 3 * self.n * self.m
+        self.remaining = 3 * self.n * self.units
         self.work_left = [
-            self.m * sum(t.forward[s] + t.backward_input[s] + t.backward_weight[s] for s in self.stages_on[d]) for d in range(self.p)
+            self.m * sum(op_duration(t, kind, s, k) for s in self.stages_on[d] for k in range(self.k) for kind in "FBW")
+            for d in range(self.p)
         ]
         self.wakes: list[tuple[float, int]] = [(0.0, d) for d in range(self.p)]
         self.relaxed = False  # set if the heuristics ever idled every device (a safety net)
@@ -282,7 +303,8 @@ class _ListScheduler:
         if factor is None or math.isinf(factor):
             return None
         depth = math.ceil((self.n - self.first_stage[d]) / len(self.stages_on[d]))
-        return max(1, math.ceil(factor * depth))  # at least 1: the oldest always enters
+        # At least 1 (the oldest always enters); in units, a microbatch's K slices more.
+        return max(1, math.ceil(factor * depth)) + self.k - 1
 
     # -- running ---------------------------------------------------------------------
 
@@ -308,34 +330,41 @@ class _ListScheduler:
                 self._commit(d, op, time)
         return self.orders
 
+    def _forward_at(self, s: int, u: int) -> Op:
+        return Op("F", s, u // self.k, u % self.k)
+
+    def _backward_at(self, s: int, v: int) -> Op:
+        return Op("B", s, v // self.k, self.k - 1 - v % self.k)
+
     def _commit(self, d: int, op: Op, start: float) -> None:
-        t, s, i = self.tables, op.stage, op.microbatch
+        t, s, i, k = self.tables, op.stage, op.microbatch, op.slice
         memory = self.memory[d]
+        end = start + _op_time(t, op)
         if op.kind == "F":
-            end = start + t.forward[s]
-            memory.apply_forward(i, t.mem_forward[s])
+            u = i * self.k + k
+            memory.apply_forward(i, op_memory(t, "F", s, k))
             self.next_f[s] += 1
             if s == self.first_stage[d]:
                 self.entered[d] += 1
             if s + 1 < self.n:
-                self._arrive(self.arrive_f, s + 1, i, end + (self.comm if self.device[s + 1] != d else 0.0))
+                self._arrive(self.arrive_f, s + 1, u, end + (self.comm if self.device[s + 1] != d else 0.0))
             else:
-                self.arrive_b[s][i] = end
+                self.arrive_b[s][i * self.k + self.k - 1 - k] = end
         elif op.kind == "B":
-            end = start + t.backward_input[s]
-            memory.apply_backward(i, t.mem_backward_input[s], t.mem_backward_weight[s])
+            memory.apply_backward(i, op_memory(t, "B", s, k), op_memory(t, "W", s, k))
             self.next_b[s] += 1
             if s == self.first_stage[d]:
                 self.left[d] += 1
+            weight = op._replace(kind="W")
             if self.policy.w_order == "oldest":
-                bisect.insort(self.weights[d], (s, i), key=_oldest_first)
+                bisect.insort(self.weights[d], weight, key=_oldest_first)
             else:
-                self.weights[d].append((s, i))
+                self.weights[d].append(weight)
             if s > 0:
-                self._arrive(self.arrive_b, s - 1, i, end + (self.comm if self.device[s - 1] != d else 0.0))
+                v = i * self.k + self.k - 1 - k
+                self._arrive(self.arrive_b, s - 1, v, end + (self.comm if self.device[s - 1] != d else 0.0))
         else:
-            end = start + t.backward_weight[s]
-            memory.apply_weight(i, t.mem_backward_weight[s])
+            memory.apply_weight(i, op_memory(t, "W", s, k))
         self.work_left[d] -= end - start
         if end + self.work_left[d] > self.cutoff:
             raise _Abandoned
@@ -383,24 +412,22 @@ class _ListScheduler:
             return self._weight(d)
         if "defer" in policy.fill_w and len(self.weights[d]) > self.w_quota[d]:
             return self._weight(d)
-        if "fit" in policy.fill_w:
-            s, _ = self.weights[d][0]
-            if now + t.backward_weight[s] <= self._next_arrival(d, now):
-                return self._weight(d)
+        if "fit" in policy.fill_w and now + _op_time(t, self.weights[d][0]) <= self._next_arrival(d, now):
+            return self._weight(d)
         return None  # wait: keep the W for later, an input is coming
 
     def _ready_backward(self, d: int, now: float) -> tuple[Op | None, bool]:
         """The B to run now (oldest microbatch first), and whether one was refused for memory."""
-        best = None
+        best, best_v = None, self.units
         for s in self.stages_on[d]:
-            i = self.next_b[s]
-            if i < self.m and self.arrive_b[s][i] <= now and (best is None or i < best.microbatch):
-                best = Op("B", s, i)
+            v = self.next_b[s]
+            if v < best_v and self.arrive_b[s][v] <= now:
+                best, best_v = self._backward_at(s, v), v
         if best is not None:
-            s, i, memory = best.stage, best.microbatch, self.memory[d]
+            t, s, i, k, memory = self.tables, best.stage, best.microbatch, best.slice, self.memory[d]
             if memory.tracking and memory.irregular and memory.pending_count(i):
                 return None, True  # its own W's first (see DeviceMemory)
-            if not memory.allows_backward(i, self.tables.mem_backward_input[s], self.tables.mem_backward_weight[s]):
+            if not memory.allows_backward(i, op_memory(t, "B", s, k), op_memory(t, "W", s, k)):
                 return None, True
         return best, False
 
@@ -408,38 +435,40 @@ class _ListScheduler:
         """The F to run now, and whether a ready F was refused for memory."""
         t, policy, memory = self.tables, self.policy, self.memory[d]
         ready = [
-            (s, self.next_f[s])
+            self._forward_at(s, self.next_f[s])
             for s in self.stages_on[d]
-            if self.next_f[s] < self.m
+            if self.next_f[s] < self.units
             and self.arrive_f[s][self.next_f[s]] <= now
             and not self._throttled(s)
             and not (self.capping and self._capped(d, s))
         ]
         if not ready:
             return None, False
-        ready.sort(key=lambda si: (si[1], -si[0]))  # oldest microbatch first, depth first
+        ready.sort(key=lambda op: (op.microbatch, op.slice, -op.stage))  # oldest unit first, depth first
         if policy.hold_forward and not self.relaxed:
-            soonest_b = min((self.arrive_b[s][self.next_b[s]] for s in self.stages_on[d] if self.next_b[s] < self.m), default=math.inf)
+            soonest_b = min((self.arrive_b[s][self.next_b[s]] for s in self.stages_on[d] if self.next_b[s] < self.units), default=math.inf)
             if soonest_b < math.inf:
-                ready = [(s, i) for s, i in ready if now + t.forward[s] <= soonest_b]
+                ready = [op for op in ready if now + _op_time(t, op) <= soonest_b]
                 if not ready:
                     return None, False
         blocked = False
-        for s, i in ready:
+        for op in ready:
+            s, i = op.stage, op.microbatch
             if policy.reserve == "each" and i not in memory.held and not memory.admits(self.forward_alloc[d]):
                 blocked = True
                 continue
             if policy.reserve == "one" and not self.relaxed and s == self.first_stage[d] and not self._room_for_one(d, s):
                 blocked = True
                 continue
-            if memory.allows_forward(i, t.mem_forward[s]):
-                return Op("F", s, i), False
+            if memory.allows_forward(i, op_memory(t, "F", s, op.slice)):
+                return op, False
             blocked = True
         return None, blocked
 
     def _throttled(self, s: int) -> bool:
-        # Never blocks the oldest unfinished microbatch: nothing is in flight before it.
-        return self.policy.throttle and self.next_f[s] - self.next_b[s] >= self.n - s
+        # Never blocks the oldest unfinished microbatch: nothing is in flight before it, and
+        # in units its K slices fit (the last stage needs all K forwards before a backward).
+        return self.policy.throttle and self.next_f[s] - self.next_b[s] >= self.n - s + self.k - 1
 
     def _capped(self, d: int, s: int) -> bool:
         cap = self.in_flight_cap[d]
@@ -447,15 +476,15 @@ class _ListScheduler:
 
     def _room_for_one(self, d: int, s: int) -> bool:
         memory = self.memory[d]
-        return not memory.tracking or memory.limit - memory.used - self.tables.mem_forward[s] >= self.reserve_one[d]
+        return not memory.tracking or memory.limit - memory.used - op_memory(self.tables, "F", s, 0) >= self.reserve_one[d]
 
     def _weight(self, d: int) -> Op | None:
         """The first queued W that fits; only a W that allocates can be refused."""
         queue, t = self.weights[d], self.tables
-        for k, (s, i) in enumerate(queue):
-            if self.memory[d].allows_weight(i, t.mem_backward_weight[s]):
-                del queue[k]
-                return Op("W", s, i)
+        for position, weight in enumerate(queue):
+            if self.memory[d].allows_weight(weight.microbatch, op_memory(t, "W", weight.stage, weight.slice)):
+                del queue[position]
+                return weight
         return None
 
     def _due_soon(self, d: int, now: float, other: Op | None, last: str) -> bool:
@@ -466,19 +495,19 @@ class _ListScheduler:
         end = now + _op_time(self.tables, other)
         for s in self.stages_on[d]:
             i = nxt[s]
-            if i < self.m and now < table[s][i] < end:
+            if i < self.units and now < table[s][i] < end:
                 return True
         return False
 
     def _has_inputs_to_come(self, d: int) -> bool:
-        return any(self.next_b[s] < self.m for s in self.stages_on[d])
+        return any(self.next_b[s] < self.units for s in self.stages_on[d])
 
     def _next_arrival(self, d: int, now: float) -> float:
         soonest = math.inf
         for s in self.stages_on[d]:
             for table, nxt in ((self.arrive_f, self.next_f), (self.arrive_b, self.next_b)):
                 i = nxt[s]
-                if i < self.m and now < table[s][i] < soonest:
+                if i < self.units and now < table[s][i] < soonest:
                     soonest = table[s][i]
         return soonest
 

@@ -41,8 +41,8 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules.registry import Generator, Orders, linear_only
 
 # Limits and deltas are sums of floats (activation fractions, profiled bytes).

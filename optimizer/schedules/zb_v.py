@@ -17,8 +17,8 @@ device at F=B=W and comm 0.
 
 from __future__ import annotations
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules.registry import Generator, Orders
 from optimizer.schedules.support import vshape_only
 

@@ -14,31 +14,47 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Op
 from optimizer.schedules.registry import Orders
 
 
-def split_backward_1f1b(problem: Problem, warmup: Callable[[int], int], deferred: Callable[[int], int]) -> Orders:
-    """Linear-placement orders: `warmup(r)` forwards first, then F/B pairs, W's deferred."""
-    p, m = problem.num_devices, problem.num_microbatches
+def split_backward_1f1b(problem: Problem, warmup: Callable[[int], int], deferred: Callable[[int], int], slices: int = 1) -> Orders:
+    """Linear-placement orders: `warmup(r)` forwards first, then F/B pairs, W's deferred.
+
+    With `slices` > 1 the units are token slices (Seq1F1B): forwards run through every
+    microbatch's slices in order, backwards through every microbatch's slices in reverse.
+    """
+    p, units = problem.num_devices, problem.num_microbatches * slices
     orders: Orders = []
     for r in range(p):
-        w, keep = min(warmup(r), m), deferred(r)
-        ops = [Op("F", r, i) for i in range(w)]
-        pending: deque[int] = deque()
+        w, keep = min(warmup(r), units), deferred(r)
+        ops = [forward_unit(r, u, slices) for u in range(w)]
+        pending: deque[Op] = deque()
 
-        def backward(i: int) -> None:
-            ops.append(Op("B", r, i))
-            pending.append(i)
+        def backward(u: int) -> None:
+            b = backward_unit(r, u, slices)
+            ops.append(b)
+            pending.append(b._replace(kind="W"))
             while len(pending) > keep:
-                ops.append(Op("W", r, pending.popleft()))
+                ops.append(pending.popleft())
 
-        for i in range(m - w):
-            ops.append(Op("F", r, w + i))
-            backward(i)
-        for i in range(m - w, m):
-            backward(i)
-        ops += [Op("W", r, i) for i in pending]
+        for u in range(units - w):
+            ops.append(forward_unit(r, w + u, slices))
+            backward(u)
+        for u in range(units - w, units):
+            backward(u)
+        ops += pending
         orders.append(ops)
     return orders
+
+
+def forward_unit(stage: int, unit: int, slices: int, kind: str = "F") -> Op:
+    """The unit-th forward of a stage: microbatch by microbatch, slices in order."""
+    return Op(kind, stage, unit // slices, unit % slices)
+
+
+def backward_unit(stage: int, unit: int, slices: int, kind: str = "B") -> Op:
+    """The unit-th backward of a stage: microbatch by microbatch, slices in reverse (a
+    slice's backward waits for the later slices' backwards)."""
+    return Op(kind, stage, unit // slices, slices - 1 - unit % slices)

@@ -1,0 +1,141 @@
+"""The op model: op kinds, op identity, durations, memory deltas and the dependency rule.
+
+Every other module asks here what an op is, how long it takes, what memory it changes and
+what must end before it may start; nothing here reads files or times schedules.
+
+An op is (kind, stage, microbatch, slice). A slice is a contiguous run of a microbatch's
+tokens (token-level pipelining, TeraPipe/Seq1F1B); an unsliced problem has one slice, 0.
+Slice k of a stage's forward and input-gradient backward takes cost_k x the stage's time
+(causal attention makes later slices dearer), its weight gradient share_k x (linear in
+tokens); its memory deltas are share_k x the stage's. The fused backward BW of slice k
+takes the stage's fused time scaled by the same mix as its split parts, so that fusing
+saves the same fraction on every slice.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from optimizer.problem import Tables
+
+
+class Kind(StrEnum):
+    """An op's kind. A str-enum: `Kind.F == "F"`, it hashes like "F" and prints as "F"."""
+
+    F = "F"  # forward
+    B = "B"  # input gradient (the split backward's first half)
+    W = "W"  # weight gradient (the split backward's second half)
+    BW = "BW"  # fused backward: B and W in one op
+
+
+KINDS: tuple[Kind, ...] = (Kind.F, Kind.B, Kind.W, Kind.BW)
+SPLIT_KINDS: tuple[str, ...] = (Kind.F, Kind.B, Kind.W)  # a schedule whose backwards are all split; str: dict keys with "F"
+
+
+class Op(NamedTuple):
+    """One unit of work: a forward, input-gradient, weight-gradient or fused backward."""
+
+    kind: str
+    stage: int
+    microbatch: int
+    slice: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}(stage {self.stage}, mb {_microbatch_label(self.microbatch, self.slice)})"
+
+
+class TimedOp(NamedTuple):
+    kind: str
+    stage: int
+    microbatch: int
+    start: float
+    end: float
+    slice: int = 0
+
+    @property
+    def op(self) -> Op:
+        return Op(self.kind, self.stage, self.microbatch, self.slice)
+
+    def __str__(self) -> str:
+        return f"{self.op} [{self.start:g}, {self.end:g}]"
+
+
+def _microbatch_label(microbatch: int, slice: int) -> str:
+    return f"{microbatch}.{slice}" if slice > 0 else str(microbatch)
+
+
+def op_label(op: Op | TimedOp, num_slices: int) -> str:
+    """The short label of an op's microbatch in pictures: "mb" or, with slices, "mb.slice"."""
+    return f"{op.microbatch}.{op.slice}" if num_slices > 1 else str(op.microbatch)
+
+
+def op_duration(tables: Tables, kind: str, stage: int, slice: int = 0) -> float:
+    """How long an op lasts (see the module docstring for slices)."""
+    if kind == "F":
+        return tables.forward[stage] * tables.slice_cost[slice]
+    if kind == "B":
+        return tables.backward_input[stage] * tables.slice_cost[slice]
+    if kind == "W":
+        return tables.backward_weight[stage] * tables.slice_share[slice]
+    b, w = tables.backward_input[stage], tables.backward_weight[stage]
+    # With one slice the factor is exactly 1.0 (x / x), so BW takes `backward` exactly.
+    return tables.backward[stage] * ((b * tables.slice_cost[slice] + w * tables.slice_share[slice]) / (b + w))
+
+
+def op_memory(tables: Tables, kind: str, stage: int, slice: int = 0) -> float:
+    """The memory change an op makes (F at its start, the others at their end)."""
+    share = tables.slice_share[slice]
+    if kind == "F":
+        return tables.mem_forward[stage] * share
+    if kind == "B":
+        return tables.mem_backward_input[stage] * share
+    if kind == "W":
+        return tables.mem_backward_weight[stage] * share
+    return (tables.mem_backward_input[stage] + tables.mem_backward_weight[stage]) * share
+
+
+# Dependency keys are built in the simulator's inner loop: tuple.__new__ skips the named
+# tuple's argument handling (about 5x faster than Op(...)), and the kinds are looked up once.
+_new = tuple.__new__
+_F, _B = Kind.F, Kind.B
+
+
+def completion_key(op: Op | TimedOp) -> Op | None:
+    """The key under which an op's end is what others wait for: F as F, B and BW as "B".
+
+    W ends nothing any other op waits for: None.
+    """
+    kind = op.kind
+    if kind == "F":
+        return _new(Op, (_F, op.stage, op.microbatch, op.slice))
+    if kind == "B" or kind == "BW":
+        return _new(Op, (_B, op.stage, op.microbatch, op.slice))
+    return None
+
+
+def dependencies(op: Op | TimedOp, num_stages: int, num_slices: int = 1) -> tuple[Op, ...]:
+    """What must end before `op` may start, as completion keys (see `completion_key`).
+
+    "B" stands for the stage's backward, whether split (B) or fused (BW). With slices:
+    a forward also waits for the previous slice's forward on its stage (attention reads
+    the earlier slices' keys and values); a backward also waits for the next slice's
+    backward on its stage (the later slices' attention sends gradients to this slice's
+    keys and values).
+    """
+    kind, stage, mb = op.kind, op.stage, op.microbatch
+    if num_slices == 1:  # the fast path: one dependency at most
+        if kind == "F":
+            return (_new(Op, (_F, stage - 1, mb, 0)),) if stage > 0 else ()
+        if kind == "W":
+            return (_new(Op, (_B, stage, mb, 0)),)
+        return (_new(Op, (_B, stage + 1, mb, 0)) if stage < num_stages - 1 else _new(Op, (_F, stage, mb, 0)),)
+    k = op.slice
+    if kind == "F":
+        deps = (_new(Op, (_F, stage - 1, mb, k)),) if stage > 0 else ()
+        return deps + (_new(Op, (_F, stage, mb, k - 1)),) if k > 0 else deps
+    if kind == "W":
+        return (_new(Op, (_B, stage, mb, k)),)
+    first = _new(Op, (_B, stage + 1, mb, k)) if stage < num_stages - 1 else _new(Op, (_F, stage, mb, k))
+    return (first, _new(Op, (_B, stage, mb, k + 1))) if k < num_slices - 1 else (first,)
