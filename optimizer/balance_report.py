@@ -50,7 +50,9 @@ def solve_layers(
     check_layers_fit(profile, placement)
 
     def report(trial: SplitTrial) -> None:
-        if not quiet:
+        # A live progress display, like the solver's: on a terminal only, so that an error
+        # stays the one line on stderr when output is captured.
+        if not quiet and sys.stderr.isatty():
             value = "does not fit" if trial.schedule is None else f"{objective_value(trial.schedule, options.objective):.6g}"
             print(f"split {trial.name} {_text(trial.split)}: {value}", file=sys.stderr)
 
