@@ -27,7 +27,7 @@ from rich.table import Table
 from optimizer.errors import InputError, PipeschedError
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.io import check_outputs, one_line, write_json_atomic, write_outputs
-from optimizer.problem import Problem, load_problem, uniform_problem
+from optimizer.problem import Problem, load_problem, problem_from_json, uniform_problem
 from optimizer.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -231,10 +231,52 @@ def problem(
         print(f"slices: {', '.join(map(str, model.lengths))} tokens; F/B cost shares {', '.join(f'{c:.3f}' for c in model.costs)}")
 
 
+@app.command()
+@user_errors
+def layers(
+    blocks: int = typer.Option(32, min=1, max=1022, help="Transformer blocks."),
+    hidden: int = typer.Option(4096, min=1, max=1_000_000, help="Hidden size."),
+    vocab: int = typer.Option(32_000, min=1, max=100_000_000, help="Vocabulary size."),
+    sequence: int = typer.Option(4096, min=1, max=100_000_000, help="Sequence length (tokens)."),
+    batch: int = typer.Option(1, min=1, max=1_000_000, help="Sequences per microbatch."),
+    heads: int = typer.Option(32, min=1, max=100_000, help="Attention heads."),
+    flash_attention: bool = typer.Option(True, help="Attention without the s x s score activations (flash attention)."),
+    tflops: float = typer.Option(150.0, help="Sustained compute rate per device, TFLOP/s."),
+    bandwidth: float = typer.Option(1000.0, help="Sustained memory bandwidth per device, GB/s (the embedding lookup)."),
+    bytes_per_parameter: float = typer.Option(18.0, help="Fixed memory per parameter: weights, gradients, optimizer state."),
+    comm: float = typer.Option(0.0, help="Transfer time of one activation between devices, ms."),
+    output: Path = typer.Option(..., "--output", "-o", help="Layers JSON to write."),
+) -> None:
+    """Write the layers file of a decoder-only model from its sizes (times in ms from FLOPs, memory in GiB).
+
+    Solve it with `pipesched solve layers.json --devices P --microbatches M` to choose the
+    layer split with the schedule; formulas in the README (Balancing the pipeline).
+    """
+    from optimizer.layer_costs import DecoderSizes, decoder_layers
+    from optimizer.layers import layers_to_json
+
+    for option, value in (
+        ("--tflops", tflops),
+        ("--bandwidth", bandwidth),
+        ("--bytes-per-parameter", bytes_per_parameter),
+        ("--comm", comm),
+    ):
+        finite_option(option, value, low=0.0, high=1e12)
+    if tflops <= 0 or bandwidth <= 0:
+        raise InputError("--tflops and --bandwidth must be positive")
+    check_outputs([output])
+    sizes = DecoderSizes(blocks, hidden, vocab, sequence, batch, heads, flash_attention, tflops, bandwidth, bytes_per_parameter, comm)
+    profile = decoder_layers(sizes)
+    write_json_atomic(output, layers_to_json(profile))
+    print(f"wrote {output}: {profile.num_layers} layers (embedding, {blocks} blocks, head)")
+
+
 @app.command(epilog=families_epilog())
 @user_errors
 def solve(
-    problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to solve."),
+    problem_file: Path = typer.Argument(
+        ..., metavar="PROBLEM.json", help="Problem to solve, or a layers file (then the split is chosen too)."
+    ),
     method: str = typer.Option("auto", help="auto | cpsat | milp, or a schedule family (see `compare`)."),
     output: Path = typer.Option(..., "--output", "-o", help="Schedule JSON to write."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
@@ -244,21 +286,52 @@ def solve(
     seed: int = typer.Option(0, help="Random seed of the optimizer."),
     threads: int = typer.Option(2, min=1, help="CP-SAT workers (fixed for repeatable runs)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress line on stderr."),
+    devices: int | None = typer.Option(None, "--devices", "-p", min=1, help="Layers file only: pipeline devices."),
+    microbatches: int | None = typer.Option(None, "--microbatches", "-m", min=1, help="Layers file only: microbatches per iteration."),
+    placement: str = typer.Option("linear", help="Layers file only: linear | interleaved:V | vshape."),
+    memory_limit: float | None = typer.Option(
+        None, "--memory-limit", help="Layers file only: memory per device, the layers' parameters included; default unlimited."
+    ),
 ) -> None:
     """Build a schedule with the optimizer (auto, cpsat, milp) or a schedule family.
 
     The optimizer shows elapsed time, incumbent, bound and gap on stderr while it runs.
+
+    Given a layers file (`pipesched layers`, `pipesched profile --per-layer`), it chooses how
+    many consecutive layers each stage holds together with the schedule (--method auto),
+    and prints the split chosen beside the even split and the hand rules.
 
     Ctrl-C stops it and writes the best schedule so far.
 
     Exit 3: no schedule fits the memory limit (the message names the smallest limit that fits).
     """
     from optimizer.errors import InfeasibleError
+    from optimizer.io import read_json
+    from optimizer.layers import is_layers_data
 
     finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
+    finite_option("--memory-limit", memory_limit, low=0.0)
     check_outputs([output], [problem_file])
-    loaded = load_problem(problem_file)
+    data = read_json(problem_file)
+    if is_layers_data(data):
+        from optimizer.balance_report import solve_layers
+
+        with interrupts_deferred():
+            from optimizer.exact import SolveOptions
+        options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)
+        schedule, interrupted = solve_layers(
+            data, str(problem_file), devices, microbatches, placement, memory_limit, method, options, as_json, quiet
+        )
+        with interrupts_deferred():
+            save_schedule(schedule, output)
+        if interrupted:
+            raise typer.Exit(INTERRUPTED)
+        return
+    for name, value in (("--devices", devices), ("--microbatches", microbatches), ("--memory-limit", memory_limit)):
+        if value is not None:
+            raise InputError(f"{name}: only for a layers file; {problem_file} is a problem, which has its own")
+    loaded = problem_from_json(data, str(problem_file))
     interrupted = False
     if method in ("auto", "cpsat", "milp"):
         schedule, interrupted = _optimize(loaded, method, time_limit, objective, solver, seed, threads, quiet)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -55,6 +55,13 @@ class StageMemory(_Strict):
     backward_weight: MemoryValue
 
 
+class StageLayer(_Strict):
+    """A model layer a stage holds (a split of a layers file, optimizer/split.py)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    kind: Literal["embedding", "block", "head"]
+
+
 class Stage(_Strict):
     """One model chunk: which device runs it and how long its ops take.
 
@@ -68,6 +75,9 @@ class Stage(_Strict):
     backward_weight: Duration
     memory: StageMemory
     backward: Duration | None = None
+    # The layers this stage holds, in order, when the problem comes from a split; exports
+    # (Megatron's layout) and `run` read the split from here.
+    layers: Annotated[list[StageLayer], Field(min_length=1, max_length=1024)] | None = None
 
     def fused_backward(self) -> float:
         return self.backward if self.backward is not None else self.backward_input + self.backward_weight
@@ -241,8 +251,9 @@ class Problem(_Strict):
         if data["slices"] is None:
             del data["slices"]
         for stage in data["stages"]:
-            if stage["backward"] is None:
-                del stage["backward"]
+            for optional in ("backward", "layers"):
+                if stage[optional] is None:
+                    del stage[optional]
         return data
 
     def min_memory_limit(self) -> list[float]:
@@ -381,3 +392,10 @@ def load_problem(path: str | Path) -> Problem:
     from optimizer.io import read_model
 
     return read_model(Problem, path)
+
+
+def problem_from_json(data: object, source: str = "problem") -> Problem:
+    """Validate parsed problem JSON; errors name the source and the field."""
+    from optimizer.io import validate_model
+
+    return validate_model(Problem, data, source)

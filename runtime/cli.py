@@ -188,12 +188,19 @@ def profile(
         None, "--memory-limit", min=0.0, help="Activation memory per device in GiB, written into the problem; default unlimited."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the problem as JSON too."),
+    per_layer: bool = typer.Option(
+        False, "--per-layer", help="Measure each layer on its own (one rank, -p 1) and write a layers file for `solve`."
+    ),
     debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
 ) -> None:
     """Measure per-stage F, B, W times, memory changes and transfer time; write a problem for `solve`.
 
     Memory is the activations a device holds for backward, in GiB: leave out the weights
     and optimizer state when you pick --memory-limit.
+
+    With --per-layer: every layer of the model (embedding, each block, head) is its own
+    stage on one rank, and the output is a layers file (times, memory changes and the
+    layers' parameter memory) from which `solve` chooses the split.
     """
     # Options, environment and the output path are checked before torch loads.
     from optimizer.io import check_outputs, validate_model, write_json_atomic
@@ -205,6 +212,14 @@ def profile(
         check_size(devices, None, microbatches)
     except ValueError as error:
         raise InputError(str(error)) from None
+    layer_list: list[tuple[str, str]] = []
+    if per_layer:
+        if devices != 1 or placement != "linear" or memory_limit is not None:
+            raise InputError("--per-layer: layers are measured one by one on one rank; give -p 1 and no --placement or --memory-limit")
+        from runtime.models import model_layers
+
+        model, layer_list = model_layers(model)
+        placement = f"interleaved:{len(layer_list)}"
     num_stages = len(placement_devices(placement, devices))
     check_outputs([output])
     if _world_size(devices) != devices:
@@ -216,10 +231,21 @@ def profile(
         from runtime.models import load_model
         from runtime.profile import ProfileJob
 
-    load_model(model, num_stages)
+    built = load_model(model, num_stages)
     job = ProfileJob(model, devices, microbatches, placement, steps=steps, timeout_s=timeout)
     result = run_here(job, backend, threads) if under_torchrun() else launch(job, devices, backend, threads, debug)
     if result is None:
+        return
+    if per_layer:
+        from optimizer.layers import layers_to_json
+        from runtime.layer_profile import layers_profile, parameter_bytes
+
+        layers_file = layers_profile(result["problem"], layer_list, parameter_bytes(built.stages), result.get("fused_backward_ms"))
+        write_json_atomic(output, layers_to_json(layers_file))
+        if as_json:
+            print(json.dumps(layers_to_json(layers_file)))
+        else:
+            print(f"wrote {output}: {layers_file.num_layers} layers of {model.partition(':')[0]}, measured on one rank")
         return
     if memory_limit is not None:
         # Checked before anything is written: a limit below one forward names the stage.

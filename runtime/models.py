@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from optimizer.errors import InputError
+from optimizer.formats.example_split import blocks_per_stage
 from optimizer.problem import Problem, load_problem
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -156,8 +157,9 @@ def build_example(config: GPTConfig, num_stages: int, split: list[int] | None = 
         raise InputError(f"model: split has {len(split)} stages, the schedule {num_stages}")
     if sum(split) != config.layers:
         raise InputError(f"model: split {'/'.join(map(str, split))} sums to {sum(split)}, not layers={config.layers}")
-    if any(count < 1 for count in split):
-        raise InputError(f"model: every stage needs at least one layer (split {'/'.join(map(str, split))}, {num_stages} stages)")
+    # The first stage holds the embeddings and the last the head, so they may hold no block.
+    if any(count < 1 for s, count in enumerate(split) if 0 < s < num_stages - 1) or (num_stages == 1 and split[0] < 1):
+        raise InputError(f"model: every middle stage needs at least one layer (split {'/'.join(map(str, split))}, {num_stages} stages)")
     if config.hidden % config.heads:
         raise InputError(f"model: hidden={config.hidden} is not a multiple of heads={config.heads}")
     stages = []
@@ -206,6 +208,38 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
     return config, split
 
 
+def model_layers(name: str) -> tuple[str, list[tuple[str, str]]]:
+    """The model cut one layer per stage, and each layer's (name, kind), for a per-layer profile.
+
+    The example model: its embeddings, each block and its head (final norm and output
+    layer) as stages of their own. A user model lists its layers with a function
+    `pipeline_layers()` next to its `build_stages`, returning (name, kind) pairs in
+    forward order, kind one of embedding, block, head; its `build_stages(n)` is then
+    called with n = the number of layers and must give one stage per layer.
+    """
+    if name == "example" or name.startswith("example:"):
+        config, _ = _parse_example(name.partition(":")[2])
+        options = [item for item in name.partition(":")[2].split(",") if item and not item.strip().startswith("split=")]
+        options.append("split=" + "/".join(["0"] + ["1"] * config.layers + ["0"]))
+        layers = [("embedding", "embedding")] + [(f"blocks.{i}", "block") for i in range(config.layers)] + [("head", "head")]
+        return "example:" + ",".join(options), layers
+    module_name, _, function_name = name.partition(":")
+    if not module_name or not function_name or name.startswith("synthetic"):
+        raise InputError(f"model: a per-layer profile needs the example model or a user model 'package.module:function', not '{name}'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise InputError(f"model: cannot import '{module_name}' ({_describe(exc)})") from exc
+    listing = getattr(module, "pipeline_layers", None)
+    if not callable(listing):
+        raise InputError(f"model: a per-layer profile needs '{module_name}.pipeline_layers()' listing (name, kind) of each layer")
+    try:
+        layers = [(str(layer_name), str(kind)) for layer_name, kind in listing()]
+    except Exception as exc:
+        raise InputError(f"model: {module_name}.pipeline_layers() raised {_describe(exc)}") from exc
+    return name, layers
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError):
         return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
@@ -221,6 +255,14 @@ def load_model(name: str, num_stages: int, problem: Problem | None = None) -> Pi
     """
     if name == "example" or name.startswith("example:"):
         config, split = _parse_example(name.partition(":")[2])
+        chosen = blocks_per_stage(problem) if problem is not None else None
+        if chosen is not None:
+            # The schedule was solved with its layer split: run that split.
+            if split is not None and split != chosen:
+                raise InputError(
+                    f"model: split={'/'.join(map(str, split))} differs from the schedule's layer split {'/'.join(map(str, chosen))}"
+                )
+            split, config = chosen, dataclasses.replace(config, layers=sum(chosen))
         return build_example(config, num_stages, split)
     if name == "synthetic" or name.startswith("synthetic:"):
         from runtime.synthetic import build_synthetic, parse_options

@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 
 from optimizer.formats.schedule_json import load_schedule, save_schedule
+from optimizer.layer_costs import DecoderSizes, decoder_layers
+from optimizer.layers import layers_to_json
 from optimizer.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_OPS, MAX_STAGES, uniform_problem
 from optimizer.schedules import generate
 
@@ -80,6 +82,8 @@ def write_corpus(folder: Path) -> None:
     save_schedule(generate(good, "1f1b"), folder / "s.json")
     problem = (folder / "p.json").read_text()
     schedule = (folder / "s.json").read_text()
+    (folder / "l.json").write_text(json.dumps(layers_to_json(decoder_layers(DecoderSizes(blocks=4))), indent=1))
+    layers = json.loads((folder / "l.json").read_text())
     files = {
         "nan_forward.json": problem.replace('"forward": 1.0', '"forward": NaN', 1),
         "inf_comm.json": problem.replace('"comm_time": 0.0', '"comm_time": Infinity'),
@@ -101,6 +105,10 @@ def write_corpus(folder: Path) -> None:
         "stage_out_of_range.json": _edited_schedule(schedule, stage=7),
         "microbatch_out_of_range.json": _edited_schedule(schedule, microbatch=99),
         "wrong_device.json": _edited_schedule(schedule, stage=1),
+        "layers_nan.json": (folder / "l.json").read_text().replace('"forward": ', '"forward": NaN, "x": ', 1),
+        "layers_head_first.json": json.dumps({**layers, "layers": layers["layers"][::-1]}),
+        "layers_too_many.json": json.dumps({**layers, "layers": [layers["layers"][1]] * 5000}),
+        "layers_zero_time.json": json.dumps({**layers, "layers": [{**layers["layers"][1], "backward_input": 0.0}]}),
         "raising_model.py": "def build_stages(num_stages):\n    raise RuntimeError('no weights here')\n",
         "syntax_model.py": "def build_stages(num_stages) return\n",
         "import_model.py": "import module_that_is_not_there\n",
@@ -110,7 +118,7 @@ def write_corpus(folder: Path) -> None:
             (folder / name).write_text(text)
     (folder / "latin1.json").write_bytes(b'{"num_devices": "\xe9"}')
     for name, text in files.items():
-        if name.endswith(".json") and text:
+        if name.endswith(".json") and text and not name.startswith("layers_"):
             assert text != (schedule if "start" in text else problem), f"corpus file {name} did not change"
     os.mkfifo(folder / "fifo.json")
     (folder / "folder.json").mkdir()
@@ -262,6 +270,61 @@ def cases() -> list[Case]:
             "profile-tiny-timeout",
             ["profile", "--model", "example", "-p", "2", "-m", "2", "--timeout", "0", "-o", "{O}/p.json"],
             ["--timeout"],
+        ),
+        # layers files and the split search's options
+        Case("solve-layers-nan", ["solve", "{C}/layers_nan.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"], ["layers_nan.json", "NaN"]),
+        Case(
+            "solve-layers-head-first",
+            ["solve", "{C}/layers_head_first.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"],
+            ["layers_head_first.json", "must come first"],
+        ),
+        Case(
+            "solve-layers-too-many",
+            ["solve", "{C}/layers_too_many.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"],
+            ["layers_too_many.json", "layers"],
+        ),
+        Case(
+            "solve-layers-zero-time",
+            ["solve", "{C}/layers_zero_time.json", "-p", "1", "-m", "4", "-o", "{O}/s.json"],
+            ["layers.0.backward_input", "greater than 0"],
+        ),
+        Case("solve-layers-no-devices", ["solve", "{C}/l.json", "-o", "{O}/s.json"], ["l.json", "--devices"]),
+        Case(
+            "solve-layers-many-devices", ["solve", "{C}/l.json", "-p", "100000", "-m", "4", "-o", "{O}/s.json"], ["num_devices", "100000"]
+        ),
+        Case("solve-layers-million-m", ["solve", "{C}/l.json", "-p", "2", "-m", "1000000", "-o", "{O}/s.json"], ["num_microbatches"]),
+        Case("solve-layers-more-stages", ["solve", "{C}/l.json", "-p", "8", "-m", "4", "-o", "{O}/s.json"], ["6 layers", "8 stages"]),
+        Case(
+            "solve-layers-limit-nan",
+            ["solve", "{C}/l.json", "-p", "2", "-m", "4", "--memory-limit", "nan", "-o", "{O}/s.json"],
+            ["--memory-limit"],
+        ),
+        Case(
+            "solve-layers-placement",
+            ["solve", "{C}/l.json", "-p", "2", "-m", "4", "--placement", "diagonal", "-o", "{O}/s.json"],
+            ["placement"],
+        ),
+        Case(
+            "solve-layers-method", ["solve", "{C}/l.json", "-p", "2", "-m", "4", "--method", "1f1b", "-o", "{O}/s.json"], ["method", "auto"]
+        ),
+        Case(
+            "solve-layers-too-little-memory",
+            ["solve", "{C}/l.json", "-p", "2", "-m", "4", "--memory-limit", "1", "-o", "{O}/s.json"],
+            ["memory_limit", "the least any split tried needs"],
+            code=3,
+        ),
+        Case("solve-problem-with-devices", ["solve", "{C}/p.json", "-p", "2", "-o", "{O}/s.json"], ["--devices", "only for a layers file"]),
+        Case("layers-tflops-nan", ["layers", "--tflops", "nan", "-o", "{O}/l.json"], ["--tflops"]),
+        Case("layers-blocks-zero", ["layers", "--blocks", "0", "-o", "{O}/l.json"], ["--blocks"]),
+        Case(
+            "export-layout-without-split",
+            ["export", "{C}/s.json", "--format", "megatron-layout", "-o", "{O}/x.txt"],
+            ["megatron-layout", "layer split"],
+        ),
+        Case(
+            "profile-per-layer-two-ranks",
+            ["profile", "--model", "example", "-p", "2", "-m", "2", "--per-layer", "-o", "{O}/l.json"],
+            ["--per-layer", "-p 1"],
         ),
         Case("profile-many-devices", ["profile", "--model", "example", "-p", "100000", "-m", "2", "-o", "{O}/p.json"], ["num_devices"]),
         Case("profile-output-folder", ["profile", "--model", "example", "-p", "2", "-m", "2", "-o", "{C}/folder.json"], ["directory"]),

@@ -64,3 +64,30 @@ def test_profile_refuses_a_memory_limit_below_one_forward(tmp_path):
     assert result.exit_code == 2, result.output
     assert "memory_limit: device 0 limit 1e-12 is below one forward of stage 0" in result.stderr
     assert not output.exists()
+
+
+def test_per_layer_profile_then_a_chosen_split_runs_and_checks(tmp_path):
+    model = "example:layers=3,hidden=32,heads=2,vocab=64,seq_len=16"
+    layers_path = tmp_path / "layers.json"
+    invoke("profile", "--model", model, "--devices", 1, "--microbatches", 2, "--steps", 1, "--per-layer", "--output", layers_path)
+    layers = json.loads(layers_path.read_text())["layers"]
+    assert [(layer["name"], layer["kind"]) for layer in layers] == [
+        ("embedding", "embedding"),
+        ("blocks.0", "block"),
+        ("blocks.1", "block"),
+        ("blocks.2", "block"),
+        ("head", "head"),
+    ]
+    assert all(layer["forward"] > 0 and layer["parameters"] > 0 for layer in layers)
+    schedule_path = tmp_path / "schedule.json"
+    invoke("solve", layers_path, "--devices", 2, "--microbatches", 4, "--time-limit", 2, "-q", "--output", schedule_path)
+    stages = load_schedule(schedule_path).problem.stages
+    chosen = [sum(1 for layer in stage.layers or [] if layer.kind == "block") for stage in stages]
+    assert sum(chosen) == 3
+    result = invoke("run", schedule_path, "--model", model, "--steps", 1, "--check", "--json")
+    summary = json.loads(result.stdout)
+    assert summary["check"]["passed"]
+    # A split= that contradicts the schedule's split is refused, not silently replaced.
+    other = "1/2" if chosen != [1, 2] else "2/1"
+    result = runner.invoke(app, ["run", str(schedule_path), "--model", f"{model},split={other}", "--steps", "1"])
+    assert result.exit_code == 2 and "differs from the schedule's layer split" in result.output

@@ -136,8 +136,12 @@ def cli(*args):
 def test_export_writes_every_registered_format(tmp_path):
     from optimizer.formats import formats
     from optimizer.formats.schedule_json import load_schedule
+    from optimizer.layer_costs import DecoderSizes, decoder_layers
+    from optimizer.split import Placement, even_split, split_problem
 
-    schedule = generate(uniform_problem(2, 2), "1f1b")
+    # A problem made from a layer split, so that the formats of the split have one to write.
+    profile = decoder_layers(DecoderSizes(blocks=4))
+    schedule = generate(split_problem(profile, Placement.named("linear", 2), even_split(profile, 2), 2), "1f1b")
     save_schedule(schedule, tmp_path / "s.json")
     written = {name: chosen for name, chosen in formats().items() if chosen.subject == "schedule"}
     assert set(written) == {"torch-csv", "schedule-json", "chrome-trace", "svg", "html"}

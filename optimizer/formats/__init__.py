@@ -27,9 +27,31 @@ class ScheduleFormat:
 
 def formats() -> dict[str, ScheduleFormat]:
     """Every registered format by name, in the order `export --help` lists them."""
-    from optimizer.formats import chrome_trace, gantt_html, gantt_svg, pareto_json, pareto_svg, schedule_json, torch_csv
+    from optimizer.formats import (
+        chrome_trace,
+        example_split,
+        gantt_html,
+        gantt_svg,
+        layer_lists,
+        megatron_layout,
+        pareto_json,
+        pareto_svg,
+        schedule_json,
+        torch_csv,
+    )
 
-    modules = (torch_csv, schedule_json, chrome_trace, gantt_svg, gantt_html, pareto_json, pareto_svg)
+    modules = (
+        torch_csv,
+        schedule_json,
+        chrome_trace,
+        gantt_svg,
+        gantt_html,
+        pareto_json,
+        pareto_svg,
+        megatron_layout,
+        layer_lists,
+        example_split,
+    )
     return {module.FORMAT.name: module.FORMAT for module in modules}
 
 

@@ -1,0 +1,228 @@
+"""Choose the layer split together with the schedule.
+
+A split changes every stage's times and memory and whether the limit can be met at all,
+so splits are compared by the schedules they allow, not by a per-stage proxy:
+
+1. candidates: the even split, the hand rules users apply (fewer blocks on the first and
+   last stages), and the bottleneck split (the linear-partition dynamic program over each
+   layer's work); each is scored by the best known schedule that fits its memory
+   (every family, the automatic schedulers and the list policies, as `auto` starts);
+2. local search: from the best scored split, hand one layer across a stage boundary
+   while that shortens the best known schedule;
+3. the solver (`auto`) with an equal share of the time left on each named split (the
+   baselines a user would try by hand) and on the best searched splits that beat them;
+   the shortest schedule wins, so it is never worse than a baseline given the same time.
+
+Every split tried is reported with its score or the reason it cannot fit, so the choice
+can be compared with the even split and the hand rules side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from optimizer.errors import InputError
+from optimizer.exact.incumbents import best_fitting, generator_candidates, objective_value
+from optimizer.exact.options import SolveOptions
+from optimizer.layers import LayersProfile
+from optimizer.problem import Problem
+from optimizer.schedule import Schedule
+from optimizer.split import (
+    Placement,
+    Split,
+    SplitInfeasible,
+    bottleneck_split,
+    even_split,
+    hand_rule_splits,
+    layer_memory,
+    layer_work,
+    neighbours,
+    split_problem,
+)
+
+# Shares of the time limit: scoring the candidates, local search, then the solver.
+CANDIDATE_SHARE = 0.25
+LOCAL_SEARCH_SHARE = 0.25
+SOLVED_SPLITS = 2  # searched splits the solver gets a share for, beside the named ones
+
+
+@dataclass
+class SplitTrial:
+    """One split tried: its problem, best schedule so far, or why it cannot fit."""
+
+    name: str
+    split: Split
+    problem: Problem | None = None
+    schedule: Schedule | None = None
+    reason: str | None = None  # why no schedule fits, when none does
+    need: float | None = None  # the least memory limit this split needs, when it does not fit
+    solver_seconds: float | None = None  # the time `auto` had on this split, when it had any
+
+    def value(self, objective: str) -> float:
+        return objective_value(self.schedule, objective) if self.schedule is not None else float("inf")
+
+
+@dataclass
+class BalanceResult:
+    chosen: SplitTrial
+    trials: list[SplitTrial] = field(default_factory=list)  # every split tried, in the order tried
+    interrupted: bool = False  # Ctrl-C ended the search early: the best so far
+
+
+def score_split(
+    profile: LayersProfile,
+    placement: Placement,
+    split: Split,
+    num_microbatches: int,
+    memory_limit: float | None,
+    name: str,
+    objective: str = "makespan",
+    deadline: float | None = None,
+) -> SplitTrial:
+    """The split's best known fitting schedule (families and automatic schedulers)."""
+    trial = SplitTrial(name, split)
+    try:
+        trial.problem = split_problem(profile, placement, split, num_microbatches, memory_limit)
+    except SplitInfeasible as error:
+        trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
+        return trial
+    found, _ = generator_candidates(trial.problem, deadline=deadline)
+    best = best_fitting(found, objective)
+    if best is None:
+        trial.reason = "no known schedule fits its memory limit"
+    else:
+        trial.schedule = best.schedule
+    return trial
+
+
+def candidate_splits(profile: LayersProfile, num_stages: int) -> dict[str, Split]:
+    """The splits every search starts from, by name (duplicates dropped, first name kept)."""
+    named: dict[str, Split] = {"even": even_split(profile, num_stages)}
+    named.update(hand_rule_splits(profile, num_stages))
+    named["bottleneck"] = bottleneck_split(layer_work(profile), num_stages)
+    # The split that needs the least memory: the one to start from when the limit is tight.
+    named["least memory"] = bottleneck_split(layer_memory(profile), num_stages)
+    unique: dict[str, Split] = {}
+    for name, split in named.items():
+        if split not in unique.values():
+            unique[name] = split
+    return unique
+
+
+def choose_split(
+    profile: LayersProfile,
+    placement: Placement,
+    num_microbatches: int,
+    memory_limit: float | None,
+    options: SolveOptions,
+    solve: Callable[[Problem, SolveOptions], Schedule],
+    on_trial: Callable[[SplitTrial], None] | None = None,
+) -> BalanceResult:
+    """Search splits and schedules together within options.time_limit (see the module doc).
+
+    `solve` is the solver for one fixed split (optimizer.exact.solve with method auto);
+    it is passed in so this module does not depend on the portfolio.
+    """
+    began = time.monotonic()
+    objective = options.objective
+    trials: list[SplitTrial] = []
+    seen: set[Split] = set()
+
+    def tried(trial: SplitTrial) -> SplitTrial:
+        trials.append(trial)
+        seen.add(trial.split)
+        if on_trial is not None:
+            on_trial(trial)
+        return trial
+
+    interrupted = False
+    try:
+        _search(profile, placement, num_microbatches, memory_limit, options, solve, tried, seen, trials, began)
+    except KeyboardInterrupt:
+        interrupted = True
+    fitting = [t for t in trials if t.schedule is not None]
+    if not fitting:
+        if interrupted:
+            raise KeyboardInterrupt
+        raise _no_split_fits(trials, memory_limit)
+    chosen = min(fitting, key=lambda t: t.value(objective))
+    return BalanceResult(chosen, trials, interrupted)
+
+
+def _search(
+    profile: LayersProfile,
+    placement: Placement,
+    num_microbatches: int,
+    memory_limit: float | None,
+    options: SolveOptions,
+    solve: Callable[[Problem, SolveOptions], Schedule],
+    tried: Callable[[SplitTrial], SplitTrial],
+    seen: set[Split],
+    trials: list[SplitTrial],
+    began: float,
+) -> None:
+    limit, objective = options.time_limit, options.objective
+    candidate_deadline = began + CANDIDATE_SHARE * limit
+    for name, split in candidate_splits(profile, placement.num_stages).items():
+        # The even split is always scored in full: it is the baseline every choice is compared with.
+        deadline = None if name == "even" else max(candidate_deadline, time.monotonic() + 0.05 * limit)
+        tried(score_split(profile, placement, split, num_microbatches, memory_limit, name, objective, deadline))
+
+    # Local search: one layer across one boundary at a time, first improvement, while time lasts.
+    search_deadline = began + (CANDIDATE_SHARE + LOCAL_SEARCH_SHARE) * limit
+    current = min(trials, key=lambda t: t.value(objective))
+    improved = current.schedule is not None
+    step = 0
+    while improved and time.monotonic() < search_deadline:
+        improved = False
+        for split in neighbours(current.split):
+            if split in seen or time.monotonic() >= search_deadline:
+                continue
+            step += 1
+            trial = tried(
+                score_split(profile, placement, split, num_microbatches, memory_limit, f"search {step}", objective, search_deadline)
+            )
+            if trial.value(objective) < current.value(objective) * (1 - 1e-9):
+                current, improved = trial, True
+                break
+
+    # The named splits (the baselines a user would try by hand) and the best searched ones
+    # all get the solver for the same share of the time left, so the reported comparison is
+    # like for like and the chosen split is never worse than a baseline under it.
+    fitting = [t for t in trials if t.schedule is not None]
+    named = [t for t in fitting if not t.name.startswith("search")]
+    searched = sorted((t for t in fitting if t.name.startswith("search")), key=lambda t: t.value(objective))
+    to_beat = min((t.value(objective) for t in named), default=float("inf"))
+    finalists = named + [t for t in searched[:SOLVED_SPLITS] if t.value(objective) < to_beat]
+    for k, trial in enumerate(finalists):
+        left = began + limit - time.monotonic()
+        share = left / (len(finalists) - k)
+        if share <= 0.05:
+            break
+        assert trial.problem is not None
+        solved = solve(trial.problem, replace(options, time_limit=share))
+        trial.solver_seconds = share
+        if objective_value(solved, objective) < trial.value(objective):
+            trial.schedule = solved
+
+
+def _no_split_fits(trials: list[SplitTrial], memory_limit: float | None) -> SplitInfeasible:
+    least = min((t for t in trials if t.need is not None), key=lambda t: t.need or 0.0, default=None)
+    if least is None or least.need is None:
+        return SplitInfeasible(f"memory_limit: no split tried has a schedule within {memory_limit:g}", float("inf"))
+    return SplitInfeasible(
+        f"memory_limit: no split fits {memory_limit:g}; the least any split tried needs is {least.need:.4g} "
+        f"({least.name}, {'/'.join(map(str, least.split))}): raise the limit or use more devices",
+        least.need,
+    )
+
+
+def check_layers_fit(profile: LayersProfile, placement: Placement) -> None:
+    """Refuse, before any search, a placement with more stages than the model has layers."""
+    if placement.num_stages > profile.num_layers:
+        raise InputError(
+            f"layers: {profile.num_layers} layers cannot fill the {placement.num_stages} stages of "
+            f"{placement.name} on {placement.num_devices} devices (one layer each at least)"
+        )

@@ -1,0 +1,101 @@
+"""A per-layer profile (layers.json): the model as a sequence of layers, before it is split into stages.
+
+A layers file lists every layer of the model in order (the embedding, each transformer
+block, the head: final norm + output layer + loss) with the same per-microbatch times and
+memory changes a problem gives per stage, plus what a layer holds for the whole step
+whatever the schedule does (`parameters`: its weights, gradients and optimizer state).
+A *split* (optimizer/split.py) groups consecutive layers into stages; a stage's times and
+memory changes are the sums of its layers'. Times and memory are in whatever units the
+user picks (the profiler writes milliseconds and GiB), the same units as the memory limit.
+
+The file format is versioned like the schedule JSON and validated with the same rules
+as problems: strict numbers, no NaN or Infinity, one-line errors naming the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from optimizer.problem import MAX_STAGES, MAX_VALUE, Duration, StageMemory, _Strict
+
+FORMAT = "pipesched.layers"
+VERSION = 1
+
+# A layer becomes at most a stage, so a model has at most as many layers as a problem has stages.
+MAX_LAYERS = MAX_STAGES
+
+LayerKind = Literal["embedding", "block", "head"]
+
+# Megatron's layout letters for the layer kinds (--pipeline-model-parallel-layout).
+LAYOUT_LETTER: dict[str, str] = {"embedding": "E", "block": "t", "head": "L"}
+
+
+class Layer(_Strict):
+    """One layer: its kind, per-microbatch costs and memory changes, and its fixed memory."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    kind: LayerKind = "block"
+    forward: Duration
+    backward_input: Duration
+    backward_weight: Duration
+    backward: Duration | None = None  # the fused backward BW; None: B + W
+    memory: StageMemory
+    parameters: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
+
+    @model_validator(mode="after")
+    def _deltas_sum_to_zero(self) -> Layer:
+        m = self.memory
+        total = m.forward + m.backward_input + m.backward_weight
+        if abs(total) > 1e-6 * max(1.0, abs(m.forward)):
+            raise ValueError(f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})")
+        return self
+
+
+class LayersProfile(_Strict):
+    """The layers of a model in order, and the transfer time of an activation between devices."""
+
+    format: Literal["pipesched.layers"]
+    version: Literal[1]
+    layers: Annotated[list[Layer], Field(min_length=1, max_length=MAX_LAYERS)]
+    comm_time: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
+
+    @model_validator(mode="after")
+    def _ends_in_place(self) -> LayersProfile:
+        # Megatron's layout (and every pipeline runtime) keeps the embedding first and the head last.
+        kinds = [layer.kind for layer in self.layers]
+        for kind, position, where in (("embedding", 0, "first"), ("head", len(kinds) - 1, "last")):
+            places = [i for i, k in enumerate(kinds) if k == kind]
+            if len(places) > 1:
+                raise ValueError(f"layers.{places[1]}.kind: only one {kind} layer is allowed")
+            if places and places[0] != position:
+                raise ValueError(f"layers.{places[0]}.kind: the {kind} layer must come {where}")
+        return self
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+def is_layers_data(data: object) -> bool:
+    """Whether parsed JSON claims to be a layers file (so `solve` can take either kind)."""
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def layers_from_json(data: object, source: str = "layers") -> LayersProfile:
+    from optimizer.io import validate_model
+
+    return validate_model(LayersProfile, data, source)
+
+
+def load_layers(path: str | Path) -> LayersProfile:
+    """Read and validate a layers file; errors name the file and the field."""
+    from optimizer.io import read_json
+
+    return layers_from_json(read_json(path), str(path))
+
+
+def layers_to_json(profile: LayersProfile) -> dict:
+    return profile.model_dump(mode="json", exclude_none=True)

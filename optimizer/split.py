@@ -1,0 +1,268 @@
+"""Layer splits: which consecutive layers each stage holds, and the problem a split makes.
+
+A split is a tuple of layer counts, one per stage in stage order (stage s holds the next
+`counts[s]` layers of the layers file). The problem it makes has, per stage, the sums of
+its layers' times and memory changes; per device, the memory limit left once the
+device's layers' fixed memory (parameters, gradients, optimizer state: held all step,
+whatever the schedule) is taken. The candidates users reach for by hand are here too:
+the even split and the "fewer layers on the first and last stages" rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from optimizer.errors import InfeasibleError, InputError
+from optimizer.io import validate_model
+from optimizer.layers import LayersProfile
+from optimizer.problem import Problem, placement_devices
+
+Split = tuple[int, ...]
+
+
+class SplitInfeasible(InfeasibleError):
+    """No schedule of this split fits the memory limit; `need` is the least limit that would."""
+
+    def __init__(self, message: str, need: float):
+        super().__init__(message)
+        self.need = need
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The stage layout a split fills: how many stages and the device of each."""
+
+    name: str
+    num_devices: int
+    device_of: tuple[int, ...]
+
+    @classmethod
+    def named(cls, name: str, num_devices: int) -> Placement:
+        return cls(name, num_devices, tuple(placement_devices(name, num_devices)))
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.device_of)
+
+
+def check_split(profile: LayersProfile, placement: Placement, split: Sequence[int]) -> None:
+    """Refuse a split that does not give every stage at least one layer and every layer a stage."""
+    if len(split) != placement.num_stages:
+        raise InputError(f"split: {len(split)} stages given, the {placement.name} placement has {placement.num_stages}")
+    if any(count < 1 for count in split):
+        raise InputError(f"split: every stage needs at least one layer, got {list(split)}")
+    if sum(split) != profile.num_layers:
+        raise InputError(f"split: {sum(split)} layers given, the layers file has {profile.num_layers}")
+
+
+def stage_ranges(split: Sequence[int]) -> list[range]:
+    """The layer indices of each stage."""
+    ranges, first = [], 0
+    for count in split:
+        ranges.append(range(first, first + count))
+        first += count
+    return ranges
+
+
+def fixed_memory(profile: LayersProfile, placement: Placement, split: Sequence[int]) -> list[float]:
+    """Per device, the memory its layers hold for the whole step (parameters and their state)."""
+    held = [0.0] * placement.num_devices
+    for stage, layers in enumerate(stage_ranges(split)):
+        held[placement.device_of[stage]] += sum(profile.layers[i].parameters for i in layers)
+    return held
+
+
+def stage_payload(profile: LayersProfile, layers: range, device: int) -> dict:
+    """A problem stage made of consecutive layers: every time and memory change summed."""
+    chosen = [profile.layers[i] for i in layers]
+    stage: dict = {
+        "device": device,
+        "forward": sum(layer.forward for layer in chosen),
+        "backward_input": sum(layer.backward_input for layer in chosen),
+        "backward_weight": sum(layer.backward_weight for layer in chosen),
+        "memory": {
+            "forward": sum(layer.memory.forward for layer in chosen),
+            "backward_input": sum(layer.memory.backward_input for layer in chosen),
+            "backward_weight": sum(layer.memory.backward_weight for layer in chosen),
+        },
+        "layers": [{"name": layer.name, "kind": layer.kind} for layer in chosen],
+    }
+    if any(layer.backward is not None for layer in chosen):
+        # A layer without a measured fused backward costs B + W fused as split.
+        stage["backward"] = sum(layer.backward or layer.backward_input + layer.backward_weight for layer in chosen)
+    return stage
+
+
+def split_problem(
+    profile: LayersProfile,
+    placement: Placement,
+    split: Sequence[int],
+    num_microbatches: int,
+    memory_limit: float | None = None,
+) -> Problem:
+    """The scheduling problem of `split`; SplitInfeasible when no schedule can fit the limit."""
+    check_split(profile, placement, split)
+    stages = [stage_payload(profile, layers, placement.device_of[s]) for s, layers in enumerate(stage_ranges(split))]
+    limits = None
+    if memory_limit is not None:
+        held = fixed_memory(profile, placement, split)
+        need = memory_need(profile, placement, split)
+        worst = max(range(placement.num_devices), key=lambda d: need[d])
+        if need[worst] > memory_limit * (1 + 1e-9):
+            raise SplitInfeasible(
+                f"memory_limit: device {worst} needs {need[worst]:g} ({held[worst]:g} of parameters and one "
+                f"microbatch's activations), more than {memory_limit:g}",
+                need[worst],
+            )
+        limits = [memory_limit - h for h in held]
+    data = {
+        "num_devices": placement.num_devices,
+        "num_microbatches": num_microbatches,
+        "stages": stages,
+        "comm_time": profile.comm_time,
+        "memory_limit": limits,
+    }
+    return validate_model(Problem, data, "split")
+
+
+def memory_need(profile: LayersProfile, placement: Placement, split: Sequence[int]) -> list[float]:
+    """Per device, the least memory limit under which any schedule of `split` exists.
+
+    Its layers' fixed memory plus one microbatch's activation peak there (the least any
+    schedule needs: Problem.min_memory_limit).
+    """
+    check_split(profile, placement, split)
+    stages = [stage_payload(profile, layers, placement.device_of[s]) for s, layers in enumerate(stage_ranges(split))]
+    unlimited = validate_model(
+        Problem,
+        {"num_devices": placement.num_devices, "num_microbatches": 1, "stages": stages, "comm_time": profile.comm_time},
+        "split",
+    )
+    return [held + need for held, need in zip(fixed_memory(profile, placement, split), unlimited.min_memory_limit())]
+
+
+def layer_memory(profile: LayersProfile) -> list[float]:
+    """Per layer, the memory it needs on its device at least: fixed memory plus one activation."""
+    return [layer.parameters + layer.memory.forward for layer in profile.layers]
+
+
+def layer_work(profile: LayersProfile) -> list[float]:
+    """Per layer, its compute per microbatch (F + B + W, or F + the fused backward when cheaper)."""
+    work = []
+    for layer in profile.layers:
+        split_backward = layer.backward_input + layer.backward_weight
+        work.append(layer.forward + min(split_backward, layer.backward or split_backward))
+    return work
+
+
+# ------------------------------------------------------------------------------ candidates
+
+
+def _spread(total: int, slots: int) -> list[int]:
+    """`total` items over `slots` as evenly as possible, the extra ones in the middle slots."""
+    base, extra = divmod(total, slots)
+    counts = [base] * slots
+    # The middle slots take the remainder: the ends already carry the embedding and the head.
+    order = sorted(range(slots), key=lambda s: (abs(s - (slots - 1) / 2), s))
+    for s in order[:extra]:
+        counts[s] += 1
+    return counts
+
+
+def _block_counts_to_split(profile: LayersProfile, blocks_per_stage: Sequence[int]) -> Split | None:
+    """Layer counts once the embedding joins stage 0 and the head joins the last stage."""
+    counts = list(blocks_per_stage)
+    if profile.layers[0].kind == "embedding":
+        counts[0] += 1
+    if profile.layers[-1].kind == "head":
+        counts[-1] += 1
+    if any(c < 1 for c in counts) or sum(counts) != profile.num_layers:
+        return None
+    return tuple(counts)
+
+
+def even_split(profile: LayersProfile, num_stages: int) -> Split:
+    """The same number of transformer blocks on every stage; embedding first, head last."""
+    blocks = sum(1 for layer in profile.layers if layer.kind == "block")
+    split = _block_counts_to_split(profile, _spread(blocks, num_stages))
+    if split is None:
+        raise InputError(f"layers: {profile.num_layers} layers cannot fill {num_stages} stages (one layer each at least)")
+    return split
+
+
+def fewer_at_ends_split(profile: LayersProfile, num_stages: int, first: int, last: int) -> Split | None:
+    """The hand rule: the first stage `first` and the last stage `last` blocks fewer than the rest.
+
+    It is what Megatron's --decoder-first/last-pipeline-num-layers and torchtitan's
+    first/last-stage-fewer-layers options express: the embedding and the head count as
+    that many blocks. The rest are spread as evenly as possible; None if it does not fit.
+    """
+    blocks = sum(1 for layer in profile.layers if layer.kind == "block")
+    if num_stages < 3:
+        return None
+    # The ends get b - first and b - last blocks, the middle stages the rest (b or more each).
+    b = (blocks + first + last) // num_stages
+    middle_total = blocks - max(0, b - first) - max(0, b - last)
+    if middle_total < num_stages - 2:
+        return None
+    counts = [max(0, b - first)] + _spread(middle_total, num_stages - 2) + [max(0, b - last)]
+    return _block_counts_to_split(profile, counts)
+
+
+HAND_RULES = {"first-1,last-1": (1, 1), "last-1": (0, 1), "last-2": (0, 2), "first-1,last-2": (1, 2)}
+
+
+def hand_rule_splits(profile: LayersProfile, num_stages: int) -> dict[str, Split]:
+    """The hand rules users apply, by name, where they fit (and differ from the even split)."""
+    found: dict[str, Split] = {}
+    even = even_split(profile, num_stages)
+    for name, (first, last) in HAND_RULES.items():
+        split = fewer_at_ends_split(profile, num_stages, first, last)
+        if split is not None and split != even and split not in found.values():
+            found[name] = split
+    return found
+
+
+def bottleneck_split(work: Sequence[float], num_stages: int) -> Split:
+    """Consecutive layers per stage minimising the largest stage's work (linear partition DP).
+
+    best[k][i]: the least bottleneck of the first i layers in k stages; O(stages x layers^2),
+    at most 1024 x 1024^2 in principle, in practice layers <= a few hundred.
+    """
+    n = len(work)
+    if num_stages > n:
+        raise InputError(f"layers: {n} layers cannot fill {num_stages} stages (one layer each at least)")
+    prefix = [0.0]
+    for w in work:
+        prefix.append(prefix[-1] + w)
+    inf = math.inf
+    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        for i in range(k, n - (num_stages - k) + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    counts, i = [], n
+    for k in range(num_stages, 0, -1):
+        j = cut[k][i]
+        counts.append(i - j)
+        i = j
+    return tuple(reversed(counts))
+
+
+def neighbours(split: Split) -> list[Split]:
+    """Splits one boundary move away: one layer handed across a stage boundary."""
+    found = []
+    for s in range(len(split) - 1):
+        for give in (1, -1):
+            counts = list(split)
+            counts[s] -= give
+            counts[s + 1] += give
+            if counts[s] >= 1 and counts[s + 1] >= 1:
+                found.append(tuple(counts))
+    return found

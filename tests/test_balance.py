@@ -1,0 +1,217 @@
+"""Layer splits chosen with the schedule: the layers format, splits, the search, Megatron's layout."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from optimizer.balance import candidate_splits, choose_split
+from optimizer.cli import app
+from optimizer.errors import InputError
+from optimizer.exact import SolveOptions, solve
+from optimizer.formats.megatron_layout import expand_layout, layout_for, parse_layout
+from optimizer.layer_costs import DecoderSizes, decoder_layers
+from optimizer.layers import FORMAT, VERSION, layers_from_json
+from optimizer.split import (
+    Placement,
+    SplitInfeasible,
+    bottleneck_split,
+    even_split,
+    fewer_at_ends_split,
+    fixed_memory,
+    memory_need,
+    neighbours,
+    split_problem,
+)
+from optimizer.validate import validate
+
+pytestmark = [pytest.mark.solver]
+
+
+def random_layers(rng: random.Random, blocks: int, *, ends: bool = True) -> dict:
+    """A layers file: random positive costs, memory deltas summing to zero, fixed memory."""
+
+    def layer(name: str, kind: str) -> dict:
+        forward = rng.uniform(0.5, 3.0)
+        activation = rng.uniform(0.1, 1.0)
+        kept = activation * rng.uniform(0.0, 0.6)
+        return {
+            "name": name,
+            "kind": kind,
+            "forward": forward,
+            "backward_input": forward * rng.uniform(0.8, 1.3),
+            "backward_weight": forward * rng.uniform(0.5, 1.1),
+            "memory": {"forward": activation, "backward_input": kept - activation, "backward_weight": -kept},
+            "parameters": rng.uniform(0.0, 2.0),
+        }
+
+    layers = [layer(f"block{i}", "block") for i in range(blocks)]
+    if ends:
+        layers = [layer("embedding", "embedding"), *layers, layer("head", "head")]
+    return {"format": FORMAT, "version": VERSION, "layers": layers, "comm_time": rng.uniform(0.0, 0.3)}
+
+
+def test_layers_file_refuses_bad_values_naming_the_field():
+    data = random_layers(random.Random(0), 4)
+    bad = json.loads(json.dumps(data))
+    bad["layers"][2]["forward"] = -1.0
+    with pytest.raises(InputError, match=r"layers\.2\.forward"):
+        layers_from_json(bad, "l.json")
+    bad = json.loads(json.dumps(data))
+    bad["layers"][0], bad["layers"][1] = bad["layers"][1], bad["layers"][0]
+    with pytest.raises(InputError, match="embedding layer must come first"):
+        layers_from_json(bad, "l.json")
+    bad = json.loads(json.dumps(data))
+    bad["layers"][1]["memory"]["backward_weight"] += 0.5
+    with pytest.raises(InputError, match="sum to 0"):
+        layers_from_json(bad, "l.json")
+
+
+def test_split_problem_sums_layers_and_leaves_the_limit_after_fixed_memory():
+    profile = layers_from_json(random_layers(random.Random(1), 6))
+    placement = Placement.named("linear", 3)
+    split = (3, 2, 3)
+    problem = split_problem(profile, placement, split, 4)
+    tables = problem.tables()
+    first = 0
+    for s, count in enumerate(split):
+        layers = profile.layers[first : first + count]
+        assert tables.forward[s] == pytest.approx(sum(layer.forward for layer in layers), rel=1e-12)
+        assert tables.mem_backward_input[s] == pytest.approx(sum(layer.memory.backward_input for layer in layers), rel=1e-12)
+        assert [layer.name for layer in problem.stages[s].layers or []] == [layer.name for layer in layers]
+        first += count
+    need = memory_need(profile, placement, split)
+    limit = max(need)
+    limited = split_problem(profile, placement, split, 4, limit)
+    assert list(limited.tables().limit) == pytest.approx([limit - held for held in fixed_memory(profile, placement, split)], rel=1e-12)
+    with pytest.raises(SplitInfeasible) as error:
+        split_problem(profile, placement, split, 4, limit * 0.99)
+    assert error.value.need == pytest.approx(limit, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bottleneck_split_is_the_least_bottleneck_of_all_splits(seed):
+    rng = random.Random(seed)
+    n, stages = rng.randint(3, 9), rng.randint(2, 4)
+    stages = min(stages, n)
+    work = [rng.uniform(0.1, 5.0) for _ in range(n)]
+    split = bottleneck_split(work, stages)
+    assert sum(split) == n and len(split) == stages and min(split) >= 1
+
+    def bottleneck(counts) -> float:
+        bounds = [0, *itertools.accumulate(counts)]
+        return max(sum(work[bounds[k] : bounds[k + 1]]) for k in range(len(counts)))
+
+    # Every composition of n into `stages` positive parts, by its cut positions.
+    best = min(bottleneck([b - a for a, b in zip((0, *cuts), (*cuts, n))]) for cuts in itertools.combinations(range(1, n), stages - 1))
+    assert bottleneck(split) == pytest.approx(best, rel=1e-12)
+
+
+def test_hand_rules_and_even_split_place_every_layer():
+    profile = decoder_layers(DecoderSizes(blocks=32, vocab=128_000))
+    assert even_split(profile, 8) == (5, 4, 4, 4, 4, 4, 4, 5)
+    assert fewer_at_ends_split(profile, 8, 1, 1) == (4, 4, 4, 5, 5, 4, 4, 4)  # 3 blocks at each end, 5 in two middle stages
+    for split in candidate_splits(profile, 8).values():
+        assert sum(split) == profile.num_layers and min(split) >= 1
+    assert set(neighbours((2, 1, 3))) == {(1, 2, 3), (2, 2, 2)}  # (3, 0, 3) and (2, 0, 4) leave a stage empty
+
+
+def _auto(problem, options):
+    return solve(problem, "auto", options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_chosen_split_is_never_worse_than_the_even_split_or_a_hand_rule(seed):
+    rng = random.Random(seed)
+    profile = layers_from_json(random_layers(rng, rng.randint(4, 8)))
+    placement = Placement.named("linear", 3)
+    limit = None
+    if seed % 2:
+        # A limit that the even split meets with room for about two microbatches.
+        limit = max(memory_need(profile, placement, even_split(profile, 3))) * 1.3
+    result = choose_split(profile, placement, 6, limit, SolveOptions(time_limit=3), _auto)
+    chosen = result.chosen
+    assert chosen.schedule is not None and chosen.problem is not None
+    assert validate(chosen.problem, chosen.schedule.devices) == []
+    assert chosen.schedule.fits_memory()
+    named = [t for t in result.trials if not t.name.startswith("search")]
+    assert named[0].name == "even" and named[0].schedule is not None  # the baseline is always scored
+    for trial in named:
+        if trial.schedule is not None:
+            assert chosen.value("makespan") <= trial.value("makespan") * (1 + 1e-9), trial.name
+
+
+def test_no_split_fits_says_the_least_limit_and_that_limit_works():
+    profile = layers_from_json(random_layers(random.Random(5), 5))
+    placement = Placement.named("linear", 3)
+    with pytest.raises(SplitInfeasible) as error:
+        choose_split(profile, placement, 3, 0.01, SolveOptions(time_limit=2), _auto)
+    need = error.value.need
+    assert "raise the limit" in str(error.value)
+    result = choose_split(profile, placement, 3, need, SolveOptions(time_limit=2), _auto)
+    assert result.chosen.schedule is not None and result.chosen.schedule.fits_memory()
+
+
+# ------------------------------------------------------------------------------ Megatron layout
+
+
+def test_layout_parser_reads_the_documented_examples():
+    stages = parse_layout("Et*3|(tt|)*29,m|L", 16)
+    assert len(stages) == 32
+    assert stages[0] == "Ettt" and stages[1] == "tt" and stages[30] == "m" and stages[31] == "L"
+    assert parse_layout("E||t|L", 2) == ["E", "", "t", "L"]
+    assert expand_layout("(t*2|)*2,L") == "tt|tt|L"
+    for bad, rule in (("tE|L", "'E' must be the first"), ("E|L|t|t", "'L' must be the last"), ("E|t|L", "multiple of the pipeline size")):
+        with pytest.raises(InputError, match=rule):
+            parse_layout(bad, 2)
+    with pytest.raises(InputError, match="transformer layers"):
+        parse_layout("Et|tL", 2, num_layers=3)
+
+
+@pytest.mark.parametrize("placement", ["linear", "interleaved:2"])
+def test_exported_layout_is_valid_and_names_each_stages_layers(placement):
+    profile = decoder_layers(DecoderSizes(blocks=14, vocab=64_000))
+    place = Placement.named(placement, 4)
+    split = bottleneck_split([1.0] * profile.num_layers, place.num_stages)
+    problem = split_problem(profile, place, split, 4)
+    stages = parse_layout(layout_for(problem), 4, num_layers=14)
+    letters = {"embedding": "E", "block": "t", "head": "L"}
+    assert stages == ["".join(letters[layer.kind] for layer in stage.layers or []) for stage in problem.stages]
+
+
+def test_layout_refuses_the_v_placement():
+    profile = decoder_layers(DecoderSizes(blocks=6))
+    place = Placement.named("vshape", 2)
+    problem = split_problem(profile, place, even_split(profile, 4), 2)
+    with pytest.raises(InputError, match="Megatron cannot express"):
+        layout_for(problem)
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+@pytest.mark.slow
+def test_cli_layers_solve_and_export(tmp_path):
+    runner = CliRunner()
+    layers_file, schedule_file, layout = tmp_path / "l.json", tmp_path / "s.json", tmp_path / "layout.txt"
+    result = runner.invoke(app, ["layers", "--blocks", "8", "--vocab", "128000", "-o", str(layers_file)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(
+        app, ["solve", str(layers_file), "-p", "4", "-m", "8", "--time-limit", "3", "-q", "--json", "-o", str(schedule_file)]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    chosen = next(row for row in report["splits"] if row["chosen"])
+    even = next(row for row in report["splits"] if row["split"] == "even")
+    assert chosen["makespan"] <= even["makespan"] * (1 + 1e-9)
+    result = runner.invoke(app, ["export", str(schedule_file), "--format", "megatron-layout", "-o", str(layout)])
+    assert result.exit_code == 0, result.output
+    stages = parse_layout(layout.read_text().strip(), 4, num_layers=8)
+    assert [len(stage) for stage in stages] == chosen["layers_per_stage"]
+    result = runner.invoke(app, ["solve", str(layers_file), "-o", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "needs --devices and --microbatches" in result.output
