@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -235,3 +236,21 @@ def test_compare_sees_when_fusing_wins():
     assert generate(fused_cheap, "1f1b").makespan < generate(fused_cheap, "zb-h1").makespan
     split_free = uniform_problem(4, 8, 1.0, 1.0, 1.0)
     assert generate(split_free, "1f1b").makespan > generate(split_free, "zb-h1").makespan
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"num_slices": 0}, "num_slices: Input should be greater than or equal to 1"),
+        ({"num_slices": True}, "num_slices: Input should be a valid integer"),
+        ({"num_slices": 2.0}, "num_slices: Input should be a valid integer"),
+        (
+            {"num_slices": 2, "slices": [{"share": 0.0, "cost": 0.5}, {"share": 1.0, "cost": 0.5}]},
+            "slices.0.share: Input should be greater than 0",
+        ),
+        ({"num_slices": 1, "slices": [{"share": 1.0, "cost": 1.0, "x": 1}]}, "slices.0.x: Extra inputs are not permitted"),
+    ],
+)
+def test_slice_fields_are_strict(patch, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        validate_model(Problem, {**uniform_problem(2, 2).model_dump(mode="json"), **patch}, "problem")
