@@ -41,6 +41,7 @@ format: install
 
 bench-simulate: install
 	$(BIN)/python benchmarks/simulate.py
+	$(BIN)/python benchmarks/slicing.py
 
 bench-solver: install
 	$(BIN)/python benchmarks/solver.py
