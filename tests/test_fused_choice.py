@@ -6,7 +6,8 @@ import random
 
 import pytest
 from exact_brute_force import brute_force_optimum
-from sliced_cases import random_sliced_order, sliced_problem
+from factories import random_feasible_order
+from sliced_cases import sliced_problem
 
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.canonical import canonical, split_fused
@@ -119,7 +120,7 @@ def test_canonical_keeps_fused_backwards_that_win_and_is_never_slower():
     for ratio in (0.6, 1.0, 1.3):
         problem = sliced_problem(rng, 3, 3, 2, fused_ratio=ratio)
         for _ in range(20):
-            orders = random_sliced_order(problem, rng)
+            orders = random_feasible_order(problem, rng, fused_share=0.5)
             original = simulate(problem, orders)
             relabelled = simulate(problem, canonical(orders, problem))
             assert relabelled.makespan <= original.makespan * (1 + CLOSE)
