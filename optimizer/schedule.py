@@ -121,7 +121,10 @@ class Schedule:
 
 
 def __getattr__(name: str) -> Any:
-    """Reading and writing schedule files, under the names they once had here."""
+    """Reading and writing schedule files, under the names they once had here.
+
+    The executor's modules still import them from here; resolved on first use, so that
+    this module never imports the file format (which builds on it)."""
     if name in ("load_schedule", "save_schedule", "schedule_from_json"):
         from optimizer.formats import schedule_json
 

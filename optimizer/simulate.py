@@ -17,9 +17,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from optimizer.errors import DeadlockError, InputError
-from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration
+from optimizer.ops import KINDS, Op, TimedOp, completion_key, dependencies, op_duration
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
+
+_new = tuple.__new__  # builds a TimedOp without the named tuple's argument handling (hot loop)
 
 
 def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
@@ -44,6 +46,10 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[lis
     tables = problem.tables()
     num_stages, num_slices, comm = problem.num_stages, problem.num_slices, problem.comm_time
     device_of = tables.device
+    # Durations by kind, stage and slice, looked up rather than computed per op (hot loop).
+    duration: dict[str, list[list[float]]] = {
+        kind: [[op_duration(tables, kind, stage, k) for k in range(num_slices)] for stage in range(num_stages)] for kind in KINDS
+    }
     ended: dict[Op, float] = {}
     waiting: dict[Op, list[int]] = defaultdict(list)
     head = [0] * len(orders)
@@ -68,8 +74,9 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[lis
                 if dep_end > start:
                     start = dep_end
             else:  # every dependency has ended: run the op
-                end = start + op_duration(tables, op.kind, op.stage, op.slice)
-                timed[d].append(TimedOp(op.kind, op.stage, op.microbatch, start, end, op.slice))
+                kind, stage, microbatch, k = op.kind, op.stage, op.microbatch, op.slice
+                end = start + duration[kind][stage][k]
+                timed[d].append(_new(TimedOp, (kind, stage, microbatch, start, end, k)))
                 free_at[d] = end
                 head[d] += 1
                 done = completion_key(op)

@@ -104,7 +104,7 @@ def run(
 ) -> None:
     """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
     # Options, environment and the schedule are checked before torch loads.
-    from optimizer.schedule import load_schedule
+    from optimizer.formats.schedule_json import load_schedule
     from runtime.plan import build_plans
 
     _check_options(timeout, backend, threads)

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from optimizer.ops import Op
 from optimizer.problem import Problem, placement_devices, uniform_problem
-from optimizer.schedule import Op, Schedule
+from optimizer.schedule import Schedule
 from optimizer.simulate import simulate
 
 GIB = float(2**30)

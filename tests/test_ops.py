@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from factories import random_feasible_order, random_problem
+from factories import with_slices as sliced
 
 from optimizer.errors import InputError
 from optimizer.formats.schedule_json import load_schedule, save_schedule, schedule_from_json, schedule_to_json
@@ -26,15 +28,6 @@ from optimizer.validate import validate
 pytestmark: list[pytest.MarkDecorator] = []  # fast, pure-Python checks: no marker
 
 DATA = Path(__file__).parent / "data"
-
-
-def sliced(problem: Problem, k: int, slices: list[dict] | None = None, **stage_fields: float) -> Problem:
-    data = problem.model_dump(mode="json")
-    data["num_slices"] = k
-    data["slices"] = slices
-    for stage in data["stages"]:
-        stage.update(stage_fields)
-    return validate_model(Problem, data, "problem")
 
 
 # --- kinds and identity ---------------------------------------------------------------
@@ -235,3 +228,21 @@ def test_compare_sees_when_fusing_wins():
     assert generate(fused_cheap, "1f1b").makespan < generate(fused_cheap, "zb-h1").makespan
     split_free = uniform_problem(4, 8, 1.0, 1.0, 1.0)
     assert generate(split_free, "1f1b").makespan > generate(split_free, "zb-h1").makespan
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"num_slices": 0}, "num_slices: Input should be greater than or equal to 1"),
+        ({"num_slices": True}, "num_slices: Input should be a valid integer"),
+        ({"num_slices": 2.0}, "num_slices: Input should be a valid integer"),
+        (
+            {"num_slices": 2, "slices": [{"share": 0.0, "cost": 0.5}, {"share": 1.0, "cost": 0.5}]},
+            "slices.0.share: Input should be greater than 0",
+        ),
+        ({"num_slices": 1, "slices": [{"share": 1.0, "cost": 1.0, "x": 1}]}, "slices.0.x: Extra inputs are not permitted"),
+    ],
+)
+def test_slice_fields_are_strict(patch, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        validate_model(Problem, {**uniform_problem(2, 2).model_dump(mode="json"), **patch}, "problem")

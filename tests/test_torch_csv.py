@@ -78,7 +78,10 @@ def test_unusual_placements_keep_their_stage_to_rank_mapping(placement, tmp_path
 
 
 def test_family_cases_cover_every_family():
-    assert {case[0] for case in family_cases()} == set(GENERATORS)
+    # The token-slice families only order sliced problems, which torch's format cannot hold.
+    sliced_only = {name for name, g in GENERATORS.items() if g.slices and g.reason(uniform_problem(2, 2)) is not None}
+    assert sliced_only == {"terapipe", "seq1f1b", "seq1f1b-zb"}
+    assert {case[0] for case in family_cases()} == set(GENERATORS) - sliced_only
 
 
 @pytest.mark.parametrize("placement", ["linear", "vshape"])
