@@ -27,8 +27,13 @@ placement (the same work in 2p half-size chunks) at V-Min's level (p+4)//3, V-Ha
 automatic scheduler's own build time. Results go to
 benchmarks/results/published.json and published.md.
 
+`--suite slices` and `--suite fused` (benchmarks/sliced_suites.py): token slices of a long
+sequence, and the fused-or-split backward, each case at `--time-limit`; results go to
+benchmarks/results/slices.json and .md, fused.json and .md.
+
     python benchmarks/solver.py [--full] [--time-limit 60] [--only TEXT]
     python benchmarks/solver.py --suite published [--time-limits 5,60] [--only TEXT]
+    python benchmarks/solver.py --suite slices|fused [--time-limit 60] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import SETTINGS, Setting, published_problem
+from benchmarks.sliced_suites import run_suite
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.io import write_json_atomic, write_text_atomic
@@ -349,7 +355,10 @@ def _cores() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--suite", choices=("grid", "published"), default="grid", help="the grid (default) or the Zero Bubble paper's settings"
+        "--suite",
+        choices=("grid", "published", "slices", "fused"),
+        default="grid",
+        help="the grid (default), the Zero Bubble paper's settings, token slices or fused-or-split backwards",
     )
     parser.add_argument("--full", action="store_true", help="run the whole grid (192 cases) instead of the sample")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per case (grid suite)")
@@ -360,6 +369,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.suite == "published":
         main_published(args)
+        return
+    if args.suite in ("slices", "fused"):
+        output = args.output or RESULTS / f"{args.suite}.json"
+        print()
+        print(run_suite(args.suite, args.time_limit, args.seed, args.only, output))
         return
     args.output = args.output or RESULTS / "solver.json"
 

@@ -1,6 +1,8 @@
-"""Random problems with token slices and a fused backward time, and random valid orders of them.
+"""Random problems with token slices and a fused backward time on an exact time grid.
 
-Shared by the tests of the exact stack on sliced and fused-or-split problems.
+Shared by the tests of the exact stack on sliced and fused-or-split problems: shares,
+costs and times with two decimals keep every slice's time on a grid of 1e-4, where the
+integer models' proofs of optimality hold (factories.random_problem's slices do not).
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ import random
 
 from factories import random_problem
 
-from optimizer.ops import Kind, Op, completion_key, dependencies
 from optimizer.problem import Problem
 
 
@@ -51,28 +52,3 @@ def _fractions(weights: list[int]) -> list[float]:
     total = sum(weights)
     parts = [max(0.01, round(w / total, 2)) for w in weights[:-1]]
     return parts + [round(1.0 - sum(parts), 2)]
-
-
-def random_sliced_order(problem: Problem, rng: random.Random, fused_share: float = 0.5) -> list[list[Op]]:
-    """A random valid order (no memory limit): each backward fused with probability `fused_share`."""
-    S, m, K = problem.num_stages, problem.num_microbatches, problem.num_slices
-    device = problem.tables().device
-    pending: list[Op] = []
-    for s in range(S):
-        for i in range(m):
-            for k in range(K):
-                pending.append(Op(Kind.F, s, i, k))
-                if rng.random() < fused_share:
-                    pending.append(Op(Kind.BW, s, i, k))
-                else:
-                    pending += [Op(Kind.B, s, i, k), Op(Kind.W, s, i, k)]
-    done: set[Op] = set()
-    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
-    while pending:
-        ready = [op for op in pending if all(d in done for d in dependencies(op, S, K))]
-        op = rng.choice(ready)
-        pending.remove(op)
-        key = completion_key(op)
-        done.add(key if key is not None else op)
-        orders[device[op.stage]].append(op)
-    return orders

@@ -6,11 +6,12 @@ import random
 
 import pytest
 from exact_brute_force import brute_force_optimum
-from sliced_cases import random_sliced_order, sliced_problem
+from factories import random_feasible_order
+from sliced_cases import sliced_problem
 
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.canonical import canonical, split_fused
-from optimizer.exact.slicebounds import lower_bound
+from optimizer.exact.slicebounds import lower_bound, split_relaxation
 from optimizer.ops import Kind
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedules import applicable
@@ -119,7 +120,7 @@ def test_canonical_keeps_fused_backwards_that_win_and_is_never_slower():
     for ratio in (0.6, 1.0, 1.3):
         problem = sliced_problem(rng, 3, 3, 2, fused_ratio=ratio)
         for _ in range(20):
-            orders = random_sliced_order(problem, rng)
+            orders = random_feasible_order(problem, rng, fused_share=0.5)
             original = simulate(problem, orders)
             relabelled = simulate(problem, canonical(orders, problem))
             assert relabelled.makespan <= original.makespan * (1 + CLOSE)
@@ -127,3 +128,26 @@ def test_canonical_keeps_fused_backwards_that_win_and_is_never_slower():
             fused_before = sum(op.kind == Kind.BW for ops in orders for op in ops)
             fused_after = sum(op.kind == Kind.BW for ops in relabelled.order() for op in ops)
             assert fused_after == (fused_before if ratio < 1 else 0)
+
+
+@pytest.mark.parametrize("problem", TINY)
+def test_auto_bound_with_the_split_relaxation_never_exceeds_the_optimum(problem):
+    # auto's bound: bounds.py and the device relaxations on the relaxed split problem
+    # (slicebounds.split_relaxation) where fusing can win, slicebounds' own with slices.
+    optimum = brute_force_optimum(problem)
+    schedule = solve(problem, "auto", SolveOptions(time_limit=5))
+    assert schedule.metrics.lower_bound is not None
+    assert schedule.metrics.lower_bound <= optimum * (1 + CLOSE)
+    assert schedule.makespan == pytest.approx(optimum, rel=CLOSE)
+
+
+def test_split_relaxation_is_a_plain_problem_with_the_cheaper_backward():
+    problem = TINY[0].values[0]
+    assert isinstance(problem, Problem)
+    relaxed = split_relaxation(problem)
+    assert relaxed is not None and relaxed is not problem
+    for stage, plain in zip(problem.stages, relaxed.stages):
+        assert plain.backward is None
+        assert plain.backward_input == pytest.approx(min(stage.backward_input, stage.fused_backward()))
+        assert plain.backward_input + plain.backward_weight == pytest.approx(stage.fused_backward())
+        assert plain.memory == stage.memory

@@ -5,21 +5,26 @@ reproduces."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from exact_brute_force import brute_force_optimum, count_orders
+from factories import random_feasible_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sliced_cases import random_sliced_order, sliced_problem
+from sliced_cases import sliced_problem
 
 from optimizer.exact import SolveOptions, solve
+from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import generator_candidates, objective_value
+from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.slicebounds import lower_bound
 from optimizer.exact.spantiming import timed_for
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
 from optimizer.problem import Problem
+from optimizer.schedules import get_generator
 from optimizer.simulate import simulate
 from optimizer.validate import validate
 
@@ -123,7 +128,7 @@ def test_bounds_never_exceed_any_valid_sliced_schedule(seed, p, m, num_slices, p
     makespan_bound = lower_bound(problem).value
     span_bound = lower_bound(problem, "span").value
     for _ in range(5):
-        orders = random_sliced_order(problem, rng)
+        orders = random_feasible_order(problem, rng, fused_share=0.5)
         assert makespan_bound <= simulate(problem, orders).makespan * (1 + CLOSE)
         assert span_bound <= objective_value(timed_for(problem, orders, "span"), "span") * (1 + CLOSE)
 
@@ -137,3 +142,18 @@ def test_auto_on_a_sliced_problem_is_no_worse_than_its_starting_points_and_valid
     assert fitting, "a sliced family fits"
     assert schedule.makespan <= min(fitting) * (1 + CLOSE)
     assert schedule.metrics.lower_bound is not None and schedule.metrics.lower_bound <= schedule.makespan * (1 + CLOSE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fused_ratio", [None, 0.7])
+def test_window_search_on_a_sliced_problem_keeps_valid_schedules_and_never_worsens(fused_ratio):
+    # Windows free ops of several slices at once; their precedences, releases and tails
+    # follow every slice dependency, so each spliced result is a valid order.
+    problem = sliced_problem(random.Random(41), 4, 2, 3, limit=2.0, fused_ratio=fused_ratio)
+    tables = integer_tables(problem)
+    start = simulate(problem, canonical(get_generator("terapipe").build(problem), problem))
+    improved: list = []
+    result = neighbourhood_search(problem, tables, start.order(), deadline=time.monotonic() + 3, on_improve=improved.append)
+    for schedule in [result, *improved]:
+        assert_valid(schedule)
+    assert result.makespan <= start.makespan * (1 + CLOSE)

@@ -25,7 +25,7 @@ from optimizer.exact.listsched import list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
 from optimizer.exact.periodic import periodic_orders
-from optimizer.exact.slicebounds import needs_general_bound
+from optimizer.exact.slicebounds import split_relaxation
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.exact.tracker import Tracker
@@ -161,8 +161,9 @@ def _large_unsliced(problem: Problem, options: SolveOptions) -> bool:
 
 def _relaxable(problem: Problem, options: SolveOptions) -> bool:
     # The relaxations time backwards as B then W and need one slice: where a fused
-    # backward is shorter their bound would not be one.
-    return not needs_general_bound(problem) and devicebound.applicable(problem, objective=options.objective)
+    # backward is shorter they run on the split relaxation (slicebounds), when there is one.
+    relaxed = split_relaxation(problem)
+    return relaxed is not None and devicebound.applicable(relaxed, objective=options.objective)
 
 
 def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
@@ -182,8 +183,10 @@ def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> Non
 
 def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     """Raise the bound with exact relaxations on sets of devices (single devices for the span)."""
+    relaxed = split_relaxation(problem)  # the problem itself unless a fused backward is shorter
+    assert relaxed is not None, "runs only where the relaxations apply"
     devicebound.device_subset_bound(
-        problem,
+        relaxed,
         upper=tracker.best_value,
         deadline=until,
         seed=options.seed,

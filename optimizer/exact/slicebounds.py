@@ -23,6 +23,10 @@ where fusing cannot win (a split W may wait past a later fused backward). No mem
 argument is used here: leaving the memory limit out only relaxes further.
 
 Span: every device's busy time (with the relaxed durations) bounds its span.
+
+Unsliced problems with a fused gain get more: `split_relaxation` writes the relaxed
+durations as a plain problem, on which all of optimizer.exact.bounds (memory included)
+and the device relaxations hold.
 """
 
 from __future__ import annotations
@@ -42,10 +46,38 @@ def needs_general_bound(problem: Problem) -> bool:
     return problem.num_slices > 1 or any(fusing_can_win(tables, s) for s in range(problem.num_stages))
 
 
+def split_relaxation(problem: Problem) -> Problem | None:
+    """An unsliced problem whose bounds are bounds here: B' and W' as plain B and W (None: none such).
+
+    The problem itself when fusing cannot win anywhere. With one slice and W' > 0 on every
+    stage (BW longer than B), the relaxed problem with B' and W' and no fused gain is a
+    relaxation with the same memory deltas: every schedule maps to one of it, op for op in
+    the same order (a BW to B' then W', together BW long), no op ending later, so each
+    device's memory along its order is the same and every free comes no later. All of
+    optimizer.exact.bounds, memory-aware heads included, and the device relaxations apply
+    to it. None for sliced problems and where BW is no longer than B.
+    """
+    if not needs_general_bound(problem):
+        return problem
+    if problem.num_slices > 1:
+        return None
+    dur = relaxed_durations(problem)
+    if any(dur[Kind.W][s][0] <= 0 for s in range(problem.num_stages)):
+        return None
+    data = problem.model_dump()
+    for s, stage in enumerate(data["stages"]):
+        stage["backward_input"], stage["backward_weight"], stage["backward"] = dur[Kind.B][s][0], dur[Kind.W][s][0], None
+    return Problem.model_validate(data)
+
+
 def lower_bound(problem: Problem, objective: str = "makespan") -> LowerBound:
     """The valid lower bound for any problem (see the module doc)."""
-    if not needs_general_bound(problem):
+    relaxed = split_relaxation(problem)
+    if relaxed is problem:
         return unsliced_lower_bound(problem, objective)
+    if relaxed is not None:
+        found = unsliced_lower_bound(relaxed, objective)
+        return LowerBound(found.value, f"{found.reason}, backwards relaxed to the cheaper of fused and split")
     busy = busy_bound(problem)
     if objective == "span":
         return busy

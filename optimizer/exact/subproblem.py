@@ -11,8 +11,9 @@ Fused-or-split backward: where a stage's fused backward BW is shorter than B + W
 whole model may choose per pair. Each such pair is listed in `fusable` as (B, W, fused
 duration): when fused, B takes the fused duration and W takes no time at B's end, so
 B's dependents wait for the fused end and W's memory change happens with B's, exactly
-BW's semantics; a zero-length W glued to its B reads back as one BW op. Windows keep
-the incumbent's choice (its BW ops are ops of their own, with the fused duration).
+BW's semantics; a zero-length W glued to its B reads back as one BW op. Windows offer the
+choice for their free backwards (a free BW opens into its B and W, fused in the hint);
+the others keep the incumbent's.
 """
 
 from __future__ import annotations
@@ -237,8 +238,8 @@ def window_subproblem(
     """Free the ops of a canonical tick-timed schedule that start in [start, stop).
 
     Ops starting earlier keep their times; later ops keep their per-device order, and
-    contribute exact tails and the floor (see the module doc). The incumbent's fused
-    backwards stay fused.
+    contribute exact tails and the floor (see the module doc). Free backwards whose
+    class can fuse keep the choice, starting from the incumbent's.
     """
     S, K, p = problem.num_stages, problem.num_slices, problem.num_devices
     comm = tables.comm
@@ -306,34 +307,79 @@ def window_subproblem(
         independent[t.op] = est
         floor = max(floor, est + length[t.op])
 
-    ops: list[Op] = [t.op for d, seq in enumerate(timed) for t in seq[lo[d] : hi[d]]]
+    # The free ops. Where fusing can win (on the grid), a free BW opens into B and W with
+    # the choice (fused in the hint), and a free split B with its free W get it too.
+    def can_fuse(op: Op) -> bool:
+        return tables.op_ticks(Kind.BW, op.stage, op.slice) < _ticks(tables, op._replace(kind=Kind.B)) + _ticks(
+            tables, op._replace(kind=Kind.W)
+        )
+
+    ops: list[Op] = []
+    hint: list[int] = []
+    origin: list[Op] = []  # the incumbent's op each window op stands for
+    opened: dict[Op, int] = {}  # a free BW -> the index of its B
+    for d, seq in enumerate(timed):
+        for t in seq[lo[d] : hi[d]]:
+            if t.kind == Kind.BW and can_fuse(t.op):
+                opened[t.op] = len(ops)
+                ops += [t.op._replace(kind=Kind.B), t.op._replace(kind=Kind.W)]
+                hint += [round(t.start), round(t.end)]
+                origin += [t.op, t.op]
+            else:
+                ops.append(t.op)
+                hint.append(round(t.start))
+                origin.append(t.op)
     index = {op: j for j, op in enumerate(ops)}
-    release, tail, hint = [], [], []
+
+    def inside(op: Op) -> int | None:
+        """The window op that completes the incumbent's `op` (an opened BW: its B), or None."""
+        return opened[op] if op in opened else index.get(op)
+
+    release, tail = [], []
     precedences: list[tuple[int, int, int]] = []
     for j, op in enumerate(ops):
-        d, k = where[op]
-        t = timed[d][k]
+        d, k = where[origin[j]]
         r = round(timed[d][lo[d] - 1].end) if lo[d] > 0 else 0
-        for dep in deps(op):
-            if dep in index:
-                precedences.append((index[dep], j, delay(dep, op)))
+        q = length[timed[d][hi[d]].op] if hi[d] < len(timed[d]) else 0
+        if origin[j] in opened and op.kind == Kind.W:  # after its own B; nothing waits for it
+            precedences.append((j - 1, j, 0))
+            release.append(r)
+            tail.append(q)
+            continue
+        for dep in deps(origin[j]):
+            at = inside(dep)
+            if at is not None:
+                precedences.append((at, j, delay(dep, op)))
             else:
                 r = max(r, round(_end_of(timed, where, dep)) + delay(dep, op))
         release.append(r)
-        q = length[timed[d][hi[d]].op] if hi[d] < len(timed[d]) else 0
-        for succ in successors.get(op, ()):
-            if succ not in index:
+        for succ in successors.get(origin[j], ()):
+            if inside(succ) is None:
                 q = max(q, delay(op, succ) + length[succ])
         tail.append(q)
-        hint.append(round(t.start))
 
-    # Keep each (kind, stage, slice) in microbatch order inside the window, as in the incumbent.
-    in_order = []
+    fusable: list[tuple[int, int, int]] = []
+    hint_fused: list[bool] = []
+    pair_of: dict[int, int] = {}  # W's index -> its pair
+    for j, op in enumerate(ops):
+        w = index.get(op._replace(kind=Kind.W)) if op.kind == Kind.B else None
+        if w is not None and (origin[j] in opened or can_fuse(op)):
+            pair_of[w] = len(fusable)
+            fusable.append((j, w, tables.op_ticks(Kind.BW, op.stage, op.slice)))
+            hint_fused.append(origin[j] in opened)
+
+    # Keep each class (kind, stage, slice; B and BW together) in the incumbent's order inside
+    # the window; a W of a pair only while it is split (see full_subproblem).
+    in_order: list[tuple[int, int]] = []
+    in_order_if_split: list[tuple[int, int, int]] = []
     last_of: dict[tuple[str, int, int], int] = {}
     for j, op in enumerate(ops):
-        cls = (op.kind, op.stage, op.slice)
+        cls = (Kind.B if op.kind == Kind.BW else op.kind, op.stage, op.slice)
         if cls in last_of:
-            in_order.append((last_of[cls], j))
+            if j in pair_of:
+                in_order_if_split.append((last_of[cls], j, pair_of[j]))
+            else:
+                in_order.append((last_of[cls], j))
         last_of[cls] = j
 
     initial = [0] * p
@@ -354,6 +400,9 @@ def window_subproblem(
         floor=floor,
         hint=hint,
         index=index,
+        fusable=fusable,
+        in_order_if_split=in_order_if_split,
+        hint_fused=hint_fused,
     )
 
 
