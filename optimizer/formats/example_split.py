@@ -22,4 +22,4 @@ def write(schedule: Schedule) -> str:
     return "split=" + "/".join(map(str, blocks)) + "\n"
 
 
-FORMAT = ScheduleFormat("example-split", "the layer split as the example model's split= option", ".txt", write)
+FORMAT = ScheduleFormat("example-split", "the layer split as the example model's split= option", ".split.txt", write)

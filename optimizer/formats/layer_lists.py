@@ -27,4 +27,4 @@ def write(schedule: Schedule) -> str:
     return json.dumps(layer_names(schedule)) + "\n"
 
 
-FORMAT = ScheduleFormat("torchtitan-modules", "the layer split as per-stage lists of module names (JSON)", ".json", write)
+FORMAT = ScheduleFormat("torchtitan-modules", "the layer split as per-stage lists of module names (JSON)", ".modules.json", write)

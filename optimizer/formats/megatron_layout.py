@@ -105,4 +105,4 @@ def parse_layout(text: str, pipeline_size: int, num_layers: int | None = None) -
     return stages
 
 
-FORMAT = ScheduleFormat("megatron-layout", "Megatron's --pipeline-model-parallel-layout string of the layer split", ".txt", write)
+FORMAT = ScheduleFormat("megatron-layout", "Megatron's --pipeline-model-parallel-layout string of the layer split", ".layout.txt", write)
