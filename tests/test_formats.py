@@ -63,6 +63,9 @@ def test_every_format_is_registered_once_with_its_subject():
         "html": "schedule",
         "pareto-json": "pareto",
         "pareto-svg": "pareto",
+        "megatron-layout": "schedule",
+        "torchtitan-modules": "schedule",
+        "example-split": "schedule",
     }
     for subject in ("schedule", "pareto"):
         suffixes = [chosen.suffix for chosen in registry.values() if chosen.subject == subject]

@@ -147,7 +147,16 @@ def test_export_writes_every_registered_format(tmp_path):
     schedule = generate(split_problem(profile, Placement.named("linear", 2), even_split(profile, 2), 2), "1f1b")
     save_schedule(schedule, tmp_path / "s.json")
     written = {name: chosen for name, chosen in formats().items() if chosen.subject == "schedule"}
-    assert set(written) == {"torch-csv", "schedule-json", "chrome-trace", "svg", "html"}
+    assert set(written) == {
+        "torch-csv",
+        "schedule-json",
+        "chrome-trace",
+        "svg",
+        "html",
+        "megatron-layout",
+        "torchtitan-modules",
+        "example-split",
+    }
     for name, chosen in written.items():
         output = tmp_path / f"{name}{chosen.suffix}"
         result = cli("export", tmp_path / "s.json", "--format", name, "--output", output)
