@@ -93,7 +93,7 @@ class BenchJob:
     def execute(self, rank, world_size, device):
         import torch.distributed as dist
 
-        from optimizer.schedule import schedule_from_json
+        from optimizer.formats.schedule_json import schedule_from_json
         from runtime.profile import ping_pong, profiling_schedule, timed_steps
         from runtime.session import open_session
         from runtime.torch_engine import TorchSession

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from optimizer.errors import ScheduleError
 from optimizer.ops import KINDS, Op, TimedOp, op_duration, op_memory
@@ -118,15 +117,3 @@ class Schedule:
         from optimizer.formats.schedule_json import schedule_to_json
 
         return schedule_to_json(self)
-
-
-def __getattr__(name: str) -> Any:
-    """Reading and writing schedule files, under the names they once had here.
-
-    The executor's modules still import them from here; resolved on first use, so that
-    this module never imports the file format (which builds on it)."""
-    if name in ("load_schedule", "save_schedule", "schedule_from_json"):
-        from optimizer.formats import schedule_json
-
-        return getattr(schedule_json, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from optimizer.formats.schedule_json import schedule_from_json
 from optimizer.formats.torch_csv import export_csv
-from optimizer.schedule import schedule_from_json
 from runtime.worker import RunJob
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from optimizer.errors import PipeschedError
-from optimizer.schedule import schedule_from_json
+from optimizer.formats.schedule_json import schedule_from_json
 
 
 class CheckError(PipeschedError):

@@ -12,8 +12,8 @@ from optimizer.errors import InputError
 from optimizer.exact.frontier import GeneratorPoint, ParetoCurve, ParetoPoint
 from optimizer.formats import formats, get_format
 from optimizer.formats.choose import choose_format
+from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.problem import uniform_problem
-from optimizer.schedule import load_schedule, save_schedule
 from optimizer.schedules import generate
 
 pytestmark: list[pytest.MarkDecorator] = []  # pure Python and fast: no marker
