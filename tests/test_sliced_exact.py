@@ -113,6 +113,7 @@ def test_model_times_are_the_simulators(fused_ratio):
             assert simulated[op] <= start + 1e-6
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 10**6),

@@ -33,10 +33,15 @@ from optimizer.problem import Problem, Tables
 Orders = list[list[Op]]
 
 
+# A fused backward shorter than B + W by less than this (relative) is float rounding of
+# B + W itself (a slice's BW time is computed through a ratio), not a saving.
+FUSED_SAVING_TOLERANCE = 1e-9
+
+
 def fusing_can_win(tables: Tables, stage: int, slice: int = 0) -> bool:
     """Whether a fused backward is shorter than B then W on this stage and slice."""
     split = op_duration(tables, Kind.B, stage, slice) + op_duration(tables, Kind.W, stage, slice)
-    return op_duration(tables, Kind.BW, stage, slice) < split
+    return op_duration(tables, Kind.BW, stage, slice) < split * (1 - FUSED_SAVING_TOLERANCE)
 
 
 def split_fused(orders: Sequence[Sequence[Op]], tables: Tables | None = None) -> Orders:
