@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 CONSTRAINTS ?= constraints.txt
 PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: install demo test test-fast lint format bench bench-solver bench-executor bench-simulate bench-slicing clean
+.PHONY: install demo test test-fast lint format bench bench-solver bench-executor bench-executor-depth bench-simulate bench-slicing clean
 
 $(BIN)/pipesched: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ bench-solver: install
 
 bench-executor: install
 	$(BIN)/python benchmarks/executor.py
+
+# The executor at pipeline depth: the synthetic model on 8 and 16 ranks (sleeping ranks fit on 2 cores).
+bench-executor-depth: install
+	$(BIN)/python benchmarks/executor.py --model synthetic --devices 8
+	$(BIN)/python benchmarks/executor.py --model synthetic --devices 16
 
 bench: bench-simulate bench-slicing bench-solver bench-executor
 
