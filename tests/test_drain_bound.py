@@ -92,6 +92,20 @@ def test_proves_zb_h1_optimal_at_one_f_one_b_memory(name):
     assert "drain" in lower_bound(problem, "span").reason
 
 
+def test_proves_zb_2p_optimal_on_the_smallest_setting():
+    # 1.5B, p = 8, m = 24 at limit 2p: seen from device 0's first start, device 7 cannot
+    # get its first forward before 7(F + c), must then run all 48 forwards and backwards,
+    # and its last backward still has 7(B + c) + W to travel before device 0 ends:
+    # 133.861 + 878.592 + 140.146 = 1152.599 ms, ZB-2p's span (bubble 4.33%).
+    setting = SETTINGS[0]
+    problem = published_problem(setting, 2.0 * setting.p)
+    zb_2p = simulate(problem, GENERATORS["zb-auto"].build(problem))
+    assert zb_2p.metrics.bubble_ratio == pytest.approx(setting.zb_2p, abs=5e-5)
+    bound = lower_bound(problem, "span")
+    assert bound.value == pytest.approx(objective_value(zb_2p, "span"), rel=TOLERANCE)
+    assert "device 7 within device 0's span" in bound.reason
+
+
 def test_adds_nothing_without_a_memory_limit():
     # Unlimited, everything earlier may be left for the drain: it forces no idle, and the
     # bound is the busy time plus the forwards-only warm-up.

@@ -218,7 +218,7 @@ def makespan_lower_bound(problem: Problem) -> LowerBound:
             best = LowerBound(value, "memory limit delays forwards (memory-aware heads and tails)")
         # The makespan holds each device's span after the device's earliest first start.
         first = heads(problem, memory_aware=False)["F"]
-        for device, _, split in _device_span_bounds(problem, work):
+        for device, _, _, split in _device_span_bounds(problem, work):
             value = first[min(problem.stages_on(device))][0] + split
             if value > best.value * (1 + 1e-12):
                 best = LowerBound(value, f"device {device}'s earliest start, busy time, warm-up and drain")
@@ -294,19 +294,24 @@ def span_lower_bound(problem: Problem) -> LowerBound:
     busy = [m * sum(dur[k][s] for s in problem.stages_on(d) for k in ("F", "B", "W")) for d in range(problem.num_devices)]
     value = max(busy)
     where = f"busy time of device {busy.index(value)}"
-    for device, preemptive, split in _device_span_bounds(problem, busy):
+    for device, preemptive, busiest, split in _device_span_bounds(problem, busy):
         if preemptive > value * (1 + 1e-12):
-            value, where = preemptive, f"busy time and forced idle of device {device} (heads and tails from its first start)"
+            value, where = (
+                preemptive,
+                f"work and forced idle of device {busiest} within device {device}'s span (heads and tails from its first start)",
+            )
         if split > value * (1 + 1e-12):
             value, where = split, f"busy time, warm-up and drain of device {device} (memory limits the work left at the drain)"
     return LowerBound(value, where)
 
 
 def _device_span_bounds(problem: Problem, busy: list[float]):
-    """(device, preemptive bound, warm-up and drain bound) on the spans of the busiest devices.
+    """(device, preemptive bound, the device it comes from, warm-up and drain bound) on the
+    spans of the busiest devices (`_through_others` for the preemptive bound from others).
 
     Each device costs a pass over all stages and microbatches: the busiest (ties: the
     first, which waits longest under a memory limit) until SPAN_BOUND_CELLS cells are spent.
+    The first one's frame also bounds through the other devices (`_through_others`).
     """
     memory_aware = problem.memory_limit is not None
     ranked = sorted(range(problem.num_devices), key=lambda d: (-busy[d], d))
@@ -317,7 +322,41 @@ def _device_span_bounds(problem: Problem, busy: list[float]):
         origin = min(problem.stages_on(device))
         head = heads(problem, memory_aware, origin=origin, memory_device=device)
         tail = device_tails(problem, device)
-        yield device, jackson_preemptive(_jobs_of(problem, device, head, tail)), warm_up_and_drain(problem, device, head, tail)
+        own = jackson_preemptive(_jobs_of(problem, device, head, tail))
+        # The other devices seen from the first (most telling) frame only: p times the work.
+        through, other = _through_others(problem, device, head, tail) if n == 0 else (0.0, device)
+        yield device, max(own, through), other if through > own else device, warm_up_and_drain(problem, device, head, tail)
+
+
+def _through_others(problem: Problem, device: int, head, tail) -> tuple[float, int]:
+    """The preemptive bound on `device`'s span from the ops of the other devices.
+
+    In `device`'s frame an op of a stage at or after its lowest one waits for that
+    stage's forward of its microbatch, so its head holds, and its tail (when it leads to
+    `device` at all) is what must follow it before `device` ends. Those ops of one other
+    device form a one-machine problem like `device`'s own: all its forwards and
+    backwards must pass between the first forward reaching it and the last backward
+    leaving it, which bounds the span when that device is the busier one.
+    """
+    origin = min(problem.stages_on(device))
+    dur = _durations(problem)
+    m = problem.num_microbatches
+    best, where = 0.0, device
+    for other in range(problem.num_devices):
+        if other == device:
+            continue
+        jobs = [
+            (head[k][s][i], dur[k][s], tail[k][s][i])
+            for s in problem.stages_on(other)
+            if s >= origin
+            for k in ("F", "B", "W")
+            for i in range(m)
+            if tail[k][s][i] > -math.inf
+        ]
+        value = jackson_preemptive(jobs) if jobs else 0.0
+        if value > best:
+            best, where = value, other
+    return best, where
 
 
 def _one_microbatch(problem: Problem, device: int) -> tuple[list[tuple[str, int]], list[tuple[int, int]]]:
