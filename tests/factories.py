@@ -11,9 +11,14 @@ import random
 
 from hypothesis import strategies as st
 
+from optimizer.exact.incumbents import generator_candidates
+from optimizer.exact.spantiming import span_times
 from optimizer.io import validate_model
 from optimizer.ops import Op, completion_key, dependencies, op_memory
 from optimizer.problem import Problem, placement_devices, uniform_problem
+from optimizer.schedule import Schedule
+from optimizer.simulate import simulate
+from optimizer.validate import validate
 
 PLACEMENTS = ("linear", "vshape", "interleaved:2")
 
@@ -185,3 +190,17 @@ def placed_problem(p: int, m: int, devices: list[int]) -> Problem:
     data = uniform_problem(p, m).model_dump(mode="json")
     data["stages"] = [{**data["stages"][0], "device": d} for d in devices]
     return validate_model(Problem, data, "problem")
+
+
+def other_schedules(problem: Problem, rng: random.Random, count: int = 6) -> list[Schedule]:
+    """Valid schedules found without the solver: families and random orders, both timings."""
+    schedules = [c.schedule for c in generator_candidates(problem)[0] if c.fits]
+    for _ in range(count):
+        orders = random_order_within_memory(problem, rng)
+        if orders is not None:
+            schedules.append(simulate(problem, orders))
+    schedules += [Schedule(problem, "retimed", span_times(problem, s.order())) for s in list(schedules)]
+    fitting = [s for s in schedules if s.fits_memory()]
+    for schedule in fitting:
+        assert validate(problem, schedule.devices) == []
+    return fitting

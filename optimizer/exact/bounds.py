@@ -1,6 +1,6 @@
 """Lower bounds on the makespan, computed from the problem alone.
 
-Three ideas, each a valid bound, the best one is reported:
+Four ideas, each a valid bound, the best one is reported:
 
 * busiest device: a device cannot finish before it has done all of its work;
 * heads and tails: every op has an earliest start (the forward chain that must reach it,
@@ -13,7 +13,13 @@ Three ideas, each a valid bound, the best one is reported:
   microbatches have freed memory, and those frees cannot happen before their round trip
   through the pipeline. This raises the forwards' earliest starts (device 0 with room for
   k activations waits a round trip every k microbatches), and the heads-and-tails bound
-  is computed again with them.
+  is computed again with them;
+* warm-up and drain (`warm_up_and_drain`): a device's span is its busy time plus the
+  idle before its first backward may start plus the idle after its last microbatch's
+  first op. Waiting for that microbatch's round trip can only be filled with work left
+  from earlier microbatches, and what is left holds memory: under a limit only so much
+  fits. This is the bound that proves ZB-H1 optimal at 1F1B's memory on Zero Bubble's
+  profiled settings; the preemptive one-machine bound cannot count memory.
 """
 
 from __future__ import annotations
@@ -210,6 +216,12 @@ def makespan_lower_bound(problem: Problem) -> LowerBound:
         value = max(jackson_preemptive(jobs) for jobs in aware)
         if value > best.value * (1 + 1e-12):
             best = LowerBound(value, "memory limit delays forwards (memory-aware heads and tails)")
+        # The makespan holds each device's span after the device's earliest first start.
+        first = heads(problem, memory_aware=False)["F"]
+        for device, _, _, split in _device_span_bounds(problem, work):
+            value = first[min(problem.stages_on(device))][0] + split
+            if value > best.value * (1 + 1e-12):
+                best = LowerBound(value, f"device {device}'s earliest start, busy time, warm-up and drain")
     return best
 
 
@@ -267,29 +279,215 @@ def span_lower_bound(problem: Problem) -> LowerBound:
     optimum (Jackson) bounds the span from below. Heads from time 0 would not: a device
     may start late and then never wait.
 
+    The same frame gives a second bound, `warm_up_and_drain`: busy time plus the idle
+    forced before the device's first backward may start and after its last
+    microbatch's first op, where the memory limit caps how much earlier work can still
+    be left to fill the wait for that microbatch's round trip. The preemptive bound
+    cannot see that cap; on Zero Bubble's settings at 1F1B's memory this bound equals
+    ZB-H1's span.
+
     Every device's bound is valid alone, so the largest over any set of devices is a
-    bound. Each costs a pass over all stages and microbatches; the busiest devices
-    (ties: the first, which waits longest under a memory limit) are taken until
-    SPAN_BOUND_CELLS stage-microbatch cells are spent, the rest count their busy time.
+    bound (`_device_span_bounds` picks the devices); the others count their busy time.
     """
-    memory_aware = problem.memory_limit is not None
     dur = _durations(problem)
     m = problem.num_microbatches
     busy = [m * sum(dur[k][s] for s in problem.stages_on(d) for k in ("F", "B", "W")) for d in range(problem.num_devices)]
     value = max(busy)
     where = f"busy time of device {busy.index(value)}"
+    for device, preemptive, busiest, split in _device_span_bounds(problem, busy):
+        if preemptive > value * (1 + 1e-12):
+            value, where = (
+                preemptive,
+                f"work and forced idle of device {busiest} within device {device}'s span (heads and tails from its first start)",
+            )
+        if split > value * (1 + 1e-12):
+            value, where = split, f"busy time, warm-up and drain of device {device} (memory limits the work left at the drain)"
+    return LowerBound(value, where)
+
+
+def _device_span_bounds(problem: Problem, busy: list[float]):
+    """(device, preemptive bound, the device it comes from, warm-up and drain bound) on the
+    spans of the busiest devices (`_through_others` for the preemptive bound from others).
+
+    Each device costs a pass over all stages and microbatches: the busiest (ties: the
+    first, which waits longest under a memory limit) until SPAN_BOUND_CELLS cells are spent.
+    The first one's frame also bounds through the other devices (`_through_others`).
+    """
+    memory_aware = problem.memory_limit is not None
     ranked = sorted(range(problem.num_devices), key=lambda d: (-busy[d], d))
-    cells = problem.num_stages * m
+    cells = problem.num_stages * problem.num_microbatches
     for n, device in enumerate(ranked):
         if n > 0 and (n + 1) * cells > SPAN_BOUND_CELLS:
             break
         origin = min(problem.stages_on(device))
         head = heads(problem, memory_aware, origin=origin, memory_device=device)
         tail = device_tails(problem, device)
-        bound = jackson_preemptive(_jobs_of(problem, device, head, tail))
-        if bound > value * (1 + 1e-12):
-            value, where = bound, f"busy time and forced idle of device {device} (heads and tails from its first start)"
-    return LowerBound(value, where)
+        own = jackson_preemptive(_jobs_of(problem, device, head, tail))
+        # The other devices seen from the first (most telling) frame only: p times the work.
+        through, other = _through_others(problem, device, head, tail) if n == 0 else (0.0, device)
+        yield device, max(own, through), other if through > own else device, warm_up_and_drain(problem, device, head, tail)
+
+
+def _through_others(problem: Problem, device: int, head, tail) -> tuple[float, int]:
+    """The preemptive bound on `device`'s span from the ops of the other devices.
+
+    In `device`'s frame an op of a stage at or after its lowest one waits for that
+    stage's forward of its microbatch, so its head holds, and its tail (when it leads to
+    `device` at all) is what must follow it before `device` ends. Those ops of one other
+    device form a one-machine problem like `device`'s own: all its forwards and
+    backwards must pass between the first forward reaching it and the last backward
+    leaving it, which bounds the span when that device is the busier one.
+    """
+    origin = min(problem.stages_on(device))
+    dur = _durations(problem)
+    m = problem.num_microbatches
+    best, where = 0.0, device
+    for other in range(problem.num_devices):
+        if other == device:
+            continue
+        jobs = [
+            (head[k][s][i], dur[k][s], tail[k][s][i])
+            for s in problem.stages_on(other)
+            if s >= origin
+            for k in ("F", "B", "W")
+            for i in range(m)
+            if tail[k][s][i] > -math.inf
+        ]
+        value = jackson_preemptive(jobs) if jobs else 0.0
+        if value > best:
+            best, where = value, other
+    return best, where
+
+
+def _one_microbatch(problem: Problem, device: int) -> tuple[list[tuple[str, int]], list[tuple[int, int]]]:
+    """A microbatch's ops on `device` in path order (F up the stages, B down, W after its B)
+    and their precedences as index pairs."""
+    stages = problem.stages_on(device)
+    ops = [("F", s) for s in stages] + [("B", s) for s in reversed(stages)] + [("W", s) for s in stages]
+    n = 2 * len(stages)
+    before = [(k, k + 1) for k in range(n - 1)] + [(ops.index(("B", s)), ops.index(("W", s))) for s in stages]
+    return ops, before
+
+
+# Pending states of a microbatch are enumerated: up to this many stages on a device
+# (V and interleaved:2 have 2; 4 stages give at most a few hundred states).
+PENDING_MAX_STAGES = 4
+
+
+def _pending_states(problem: Problem, device: int) -> list[tuple[float, float]]:
+    """(memory held, work left) of a microbatch whose first op on `device` has run.
+
+    The ops it has run form a set closed under its precedences (each stage's ops of a
+    kind run in microbatch order, so this holds op by op); the memory it holds is the sum
+    of their changes, the work left the others' durations.
+    """
+    t = problem.tables()
+    dur = _durations(problem)
+    ops, before = _one_microbatch(problem, device)
+    change = {"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight}
+    states = []
+    for mask in range(1 << len(ops)):
+        if not mask & 1 or any(mask >> b & 1 and not mask >> a & 1 for a, b in before):
+            continue
+        held = sum(change[k][s] for n, (k, s) in enumerate(ops) if mask >> n & 1)
+        left = sum(dur[k][s] for n, (k, s) in enumerate(ops) if not mask >> n & 1)
+        states.append((held, left))
+    return states
+
+
+def most_pending_work(states: list[tuple[float, float]], capacity: float, count: int) -> float:
+    """Largest sum of work left over at most `count` microbatches holding at most `capacity`.
+
+    The linear relaxation (fractional numbers of microbatches in each state), an upper
+    bound on the integer value: max sum(n_s w_s) s.t. sum(n_s h_s) <= capacity,
+    sum(n_s) <= count, n >= 0. Two constraints, so an optimal vertex uses at most two
+    states: every single state and every pair is tried.
+    """
+    best = 0.0
+    eps = 1e-12
+    for h, w in states:
+        n = count if h <= eps else min(count, capacity / h)
+        best = max(best, n * w)
+    for a, (h1, w1) in enumerate(states):
+        for h2, w2 in states[a + 1 :]:
+            if abs(h1 - h2) <= eps:
+                continue
+            # n1 + n2 = count, n1 h1 + n2 h2 = capacity
+            n1 = (capacity - count * h2) / (h1 - h2)
+            n2 = count - n1
+            if n1 >= -eps and n2 >= -eps:
+                best = max(best, max(0.0, n1) * w1 + max(0.0, n2) * w2)
+    return best
+
+
+def drain_idle(problem: Problem, device: int, tail: dict[str, list[list[float]]]) -> float:
+    """Least idle of `device` after its last microbatch's first op starts (at x, say).
+
+    After x the device runs that microbatch's ops, whose chain (through the other
+    devices) lasts at least its first op's duration plus its device tail, and the work
+    still pending from earlier microbatches. Those hold memory at x: with the last
+    microbatch's first allocation, at most the limit. So the idle after x is at least
+    the chain minus the last microbatch's work minus the most pending work that fits
+    (`most_pending_work`). 0 when the device has too many stages to enumerate.
+    """
+    stages = problem.stages_on(device)
+    m = problem.num_microbatches
+    if len(stages) > PENDING_MAX_STAGES:
+        return 0.0
+    t = problem.tables()
+    dur = _durations(problem)
+    origin = min(stages)
+    chain = dur["F"][origin] + tail["F"][origin][m - 1]
+    own = sum(dur[k][s] for s in stages for k in ("F", "B", "W"))
+    limit = t.limit[device]
+    capacity = math.inf if math.isinf(limit) else limit - t.mem_forward[origin]
+    pending = most_pending_work(_pending_states(problem, device), capacity, m - 1) if m > 1 else 0.0
+    return max(0.0, chain - own - pending)
+
+
+def warm_up_idle(problem: Problem, device: int, head: dict[str, list[list[float]]]) -> float:
+    """Least idle of `device` from its first start until its first op other than a forward may start.
+
+    Measured in the device's own frame (`head` from its first start). Until h, the
+    earliest head of its B's and W's (and no later than its last microbatch's first op,
+    which the drain counts from), only forwards run: each at most its duration and no
+    earlier than its head, and together they allocate at most the limit (no free comes
+    before h). The most forward work that fits is a fractional knapsack.
+    """
+    stages = problem.stages_on(device)
+    m = problem.num_microbatches
+    t = problem.tables()
+    dur = _durations(problem)
+    origin = min(stages)
+    until = min(min(head[k][s][0] for s in stages for k in ("B", "W")), head["F"][origin][m - 1])
+    items = []  # (work inside the window, memory)
+    for s in stages:
+        for i in range(m):
+            work = min(dur["F"][s], until - head["F"][s][i])
+            if work > 0:
+                items.append((work, t.mem_forward[s]))
+    room = t.limit[device]
+    fits = 0.0
+    for work, memory in sorted(items, key=lambda wm: -wm[0] / wm[1] if wm[1] > 0 else -math.inf):
+        if memory <= 0:
+            fits += work
+        elif room > 0:
+            share = min(1.0, room / memory)
+            fits += share * work
+            room -= share * memory
+    return max(0.0, until - fits)
+
+
+def warm_up_and_drain(problem: Problem, device: int, head: dict[str, list[list[float]]], tail: dict[str, list[list[float]]]) -> float:
+    """A bound on `device`'s span: its busy time plus its warm-up and drain idle.
+
+    `head` from the device's first start and `tail` to its last end (see
+    span_lower_bound). The warm-up window ends no later than the drain's starts (the
+    last microbatch's first op), so the two idle times add up.
+    """
+    dur = _durations(problem)
+    busy = problem.num_microbatches * sum(dur[k][s] for s in problem.stages_on(device) for k in ("F", "B", "W"))
+    return busy + warm_up_idle(problem, device, head) + drain_idle(problem, device, tail)
 
 
 def _jobs_of(problem: Problem, device: int, head, tail) -> list[tuple[float, float, float]]:
