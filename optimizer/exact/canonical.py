@@ -3,9 +3,13 @@
 Two facts make every solver's search space smaller without losing any schedule:
 
 * Where a fused backward BW takes at least as long as B then W (the default: BW's time
-  is B + W), BW is never better than B immediately followed by W: no more device time,
-  the input gradient reaches the previous stage no later, and memory is freed no later.
-  Such BWs are split. Where BW is shorter, fusing can win and the choice is kept.
+  is B + W) and B frees memory (or allocates none), BW is never better than B
+  immediately followed by W: no more device time, the input gradient reaches the
+  previous stage no later, and memory is freed no later. Such BWs are split. Where BW is
+  shorter, fusing can win and the choice is kept. Where B *allocates* (a gradient buffer
+  its W reads) under a memory limit, B then W holds that allocation between them and
+  BW never does, so under a tight limit only the fused backward fits: the choice is kept
+  there too.
 * Microbatches are interchangeable. Call a *class* the ops of one kind, stage and slice
   (B and BW together: the stage's backward). Every dependency links an op to an op of
   one fixed other class with the same microbatch and slice. Take any valid timed
@@ -25,9 +29,10 @@ Two facts make every solver's search space smaller without losing any schedule:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from optimizer.ops import Kind, Op, op_duration
+from optimizer.ops import Kind, Op, op_duration, op_memory
 from optimizer.problem import Problem, Tables
 
 Orders = list[list[Op]]
@@ -39,9 +44,12 @@ FUSED_SAVING_TOLERANCE = 1e-9
 
 
 def fusing_can_win(tables: Tables, stage: int, slice: int = 0) -> bool:
-    """Whether a fused backward is shorter than B then W on this stage and slice."""
+    """Whether a fused backward can beat B then W on this stage and slice (module doc):
+    it is shorter, or B allocates memory under a memory limit."""
     split = op_duration(tables, Kind.B, stage, slice) + op_duration(tables, Kind.W, stage, slice)
-    return op_duration(tables, Kind.BW, stage, slice) < split * (1 - FUSED_SAVING_TOLERANCE)
+    if op_duration(tables, Kind.BW, stage, slice) < split * (1 - FUSED_SAVING_TOLERANCE):
+        return True
+    return op_memory(tables, Kind.B, stage, slice) > 0 and math.isfinite(tables.limit[tables.device[stage]])
 
 
 def split_fused(orders: Sequence[Sequence[Op]], tables: Tables | None = None) -> Orders:

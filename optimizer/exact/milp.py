@@ -135,6 +135,7 @@ def solve_milp_subproblem(
     for (b, w, bw), f in zip(sub.fusable, fused):
         duration[b] = sub.duration[b] + (bw - sub.duration[b]) * f
         duration[w] = sub.duration[w] * (1 - f)
+    fused_pair_of = {b: (w, f) for f, (b, w, _) in enumerate(sub.fusable)}
     before: dict[tuple[int, int], pulp.LpVariable] = {}
     for d_ops in ops_on:
         for x, a in enumerate(d_ops):
@@ -170,6 +171,10 @@ def solve_milp_subproblem(
             if sub.delta[x] <= 0:
                 continue  # usage only rises at allocations; checking there is enough
             usage = sub.initial_memory[d] + sub.delta[x] + pulp.lpSum(sub.delta[y] * is_before(y, x) for y in d_ops if y != x)
+            if x in fused_pair_of:
+                # A fused B changes memory together with its W, at the fused end.
+                w, f = fused_pair_of[x]
+                usage += sub.delta[w] * fused[f]
             model += usage <= limit
     for j in range(n):
         model += makespan >= start[j] + duration[j] + sub.tail[j]

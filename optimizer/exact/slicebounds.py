@@ -51,9 +51,10 @@ def split_relaxation(problem: Problem) -> Problem | None:
 
     The problem itself when fusing cannot win anywhere. With one slice and W' > 0 on every
     stage (BW longer than B), the relaxed problem with B' and W' and no fused gain is a
-    relaxation with the same memory deltas: every schedule maps to one of it, op for op in
-    the same order (a BW to B' then W', together BW long), no op ending later, so each
-    device's memory along its order is the same and every free comes no later. All of
+    relaxation: every schedule maps to one of it, op for op in the same order (a BW to B'
+    then W', together BW long), no op ending later; where B allocates, that allocation
+    moves to W', so each device's memory is never higher than in the schedule mapped from
+    and every free comes no later. All of
     optimizer.exact.bounds, memory-aware heads included, and the device relaxations apply
     to it. None for sliced problems and where BW is no longer than B.
     """
@@ -67,6 +68,13 @@ def split_relaxation(problem: Problem) -> Problem | None:
     data = problem.model_dump()
     for s, stage in enumerate(data["stages"]):
         stage["backward_input"], stage["backward_weight"], stage["backward"] = dur[Kind.B][s][0], dur[Kind.W][s][0], None
+        # A B that allocates makes its allocation at W' instead: memory then never runs
+        # higher than in the schedule mapped from (a fused BW changes it once, at its end,
+        # which is W's end; a split B's allocation comes no earlier than B' ends).
+        memory = stage["memory"]
+        if memory["backward_input"] > 0:
+            memory["backward_weight"] += memory["backward_input"]
+            memory["backward_input"] = 0.0
     return Problem.model_validate(data)
 
 

@@ -136,6 +136,16 @@ def _memory_delta(tables: IntegerTables, op: Op) -> int:
     return tables.op_delta(op.kind, op.stage, op.slice)
 
 
+def fusing_can_win_ticks(tables: IntegerTables, op: Op) -> bool:
+    """optimizer.exact.canonical.fusing_can_win on the tick grid, for the B `op`: the fused
+    backward is shorter, or B allocates memory under a limit (B then W holds that
+    allocation between them, a fused BW never does)."""
+    split = _ticks(tables, op._replace(kind=Kind.B)) + _ticks(tables, op._replace(kind=Kind.W))
+    if tables.op_ticks(Kind.BW, op.stage, op.slice) < split:
+        return True
+    return _memory_delta(tables, op._replace(kind=Kind.B)) > 0 and tables.limit[tables.device[op.stage]] is not None
+
+
 def full_subproblem(
     problem: Problem,
     tables: IntegerTables,
@@ -165,10 +175,9 @@ def full_subproblem(
     for j, op in enumerate(ops):
         if op.kind == Kind.B:
             w = index[op._replace(kind=Kind.W)]
-            fused = tables.op_ticks(Kind.BW, op.stage, op.slice)
-            if fused < duration[j] + duration[w]:
+            if fusing_can_win_ticks(tables, op):
                 pair_of[w] = len(fusable)
-                fusable.append((j, w, fused))
+                fusable.append((j, w, tables.op_ticks(Kind.BW, op.stage, op.slice)))
     in_order, in_order_if_split = [], []
     if symmetry_breaking:
         for s in range(S):
@@ -310,9 +319,7 @@ def window_subproblem(
     # The free ops. Where fusing can win (on the grid), a free BW opens into B and W with
     # the choice (fused in the hint), and a free split B with its free W get it too.
     def can_fuse(op: Op) -> bool:
-        return tables.op_ticks(Kind.BW, op.stage, op.slice) < _ticks(tables, op._replace(kind=Kind.B)) + _ticks(
-            tables, op._replace(kind=Kind.W)
-        )
+        return fusing_can_win_ticks(tables, op)
 
     ops: list[Op] = []
     hint: list[int] = []
