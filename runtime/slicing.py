@@ -50,6 +50,7 @@ class SliceCache:
     `extend`) for each attention layer, in slice order; `new` collects this slice's own.
     """
 
+    slice: int  # the slice's index in its microbatch
     start: int  # position of the slice's first token in the sequence
     past: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = field(default_factory=list)
     new: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)

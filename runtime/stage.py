@@ -104,7 +104,7 @@ class StageRunner:
         layers = len(earlier[0]) if earlier else 0
         past = [([e[layer][0] for e in earlier], [e[layer][1] for e in earlier]) for layer in range(layers)]
         flat = [t for e in earlier for pair in e for t in pair]
-        return SliceCache(self.slice_bounds[slice][0], past), flat
+        return SliceCache(slice, self.slice_bounds[slice][0], past), flat
 
     def _backward_roots(self, mb: int, slice: int, state: _InFlight, grad: torch.Tensor | None) -> tuple[list, list]:
         """The roots of a slice's backward with their gradients (its keys and values' from later slices)."""
