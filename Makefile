@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 CONSTRAINTS ?= constraints.txt
 PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: install demo test test-fast lint format bench bench-solver bench-executor bench-simulate clean
+.PHONY: install demo test test-fast lint format bench bench-solver bench-executor bench-simulate bench-slicing clean
 
 $(BIN)/pipesched: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -42,13 +42,16 @@ format: install
 bench-simulate: install
 	$(BIN)/python benchmarks/simulate.py
 
+bench-slicing: install
+	$(BIN)/python benchmarks/slicing.py
+
 bench-solver: install
 	$(BIN)/python benchmarks/solver.py
 
 bench-executor: install
 	$(BIN)/python benchmarks/executor.py
 
-bench: bench-simulate bench-solver bench-executor
+bench: bench-simulate bench-slicing bench-solver bench-executor
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -47,6 +47,8 @@ class Op(NamedTuple):
 
 
 class TimedOp(NamedTuple):
+    """An op with its start and end times (the problem's unit)."""
+
     kind: str
     stage: int
     microbatch: int

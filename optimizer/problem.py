@@ -252,7 +252,10 @@ class Problem(_Strict):
         stages' ops of that microbatch happen in between, so the device must hold the peak
         of one microbatch's own trajectory (`one_microbatch_peaks`); running microbatches
         one at a time reaches exactly that. It is the sum of the forward allocations when
-        B's free memory, more when a B allocates (held until its W).
+        B's free memory, more when a B allocates (held until its W). With token slices all
+        of a microbatch's forwards still precede its backwards, so the forward sum stands;
+        a B that allocates is counted slice by slice in the order of one stage per device
+        (on devices with several stages, a limit under which one order fits).
         """
         tables = self.tables()
         return [one_microbatch_peaks(tables, self.stages_on(d))[0] for d in range(self.num_devices)]

@@ -88,6 +88,16 @@ def random_slices(rng: random.Random, k: int) -> list[dict[str, float]]:
     return [{"share": share, "cost": c / sum(raw)} for share, c in zip(shares, raw)]
 
 
+def with_slices(problem: Problem, k: int, slices: list[dict] | None = None, **stage_fields: float) -> Problem:
+    """The problem with k token slices (None: even) and `stage_fields` set on every stage."""
+    data = problem.model_dump(mode="json")
+    data["num_slices"] = k
+    data["slices"] = slices
+    for stage in data["stages"]:
+        stage.update(stage_fields)
+    return validate_model(Problem, data, "problem")
+
+
 def all_ops(problem: Problem, rng: random.Random | None = None, fused_share: float = 0.0) -> list[Op]:
     """Every op of the problem; with `rng`, each backward is fused with probability `fused_share`."""
     ops = []

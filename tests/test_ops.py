@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from factories import random_feasible_order, random_problem
+from factories import with_slices as sliced
 
 from optimizer.errors import InputError
 from optimizer.formats.schedule_json import load_schedule, save_schedule, schedule_from_json, schedule_to_json
@@ -27,15 +28,6 @@ from optimizer.validate import validate
 pytestmark: list[pytest.MarkDecorator] = []  # fast, pure-Python checks: no marker
 
 DATA = Path(__file__).parent / "data"
-
-
-def sliced(problem: Problem, k: int, slices: list[dict] | None = None, **stage_fields: float) -> Problem:
-    data = problem.model_dump(mode="json")
-    data["num_slices"] = k
-    data["slices"] = slices
-    for stage in data["stages"]:
-        stage.update(stage_fields)
-    return validate_model(Problem, data, "problem")
 
 
 # --- kinds and identity ---------------------------------------------------------------

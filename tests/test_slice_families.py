@@ -30,9 +30,7 @@ SLICED = ("terapipe", "seq1f1b", "seq1f1b-zb")
 
 def sliced(p: int, m: int, k: int, f: float = 1.0, b: float = 1.0, w: float = 1.0, **options) -> Problem:
     """Uniform stages cut into k even slices (share = cost = 1/k: linear cost)."""
-    data = uniform_problem(p, m, f, b, w, **options).model_dump(mode="json")
-    data["num_slices"] = k
-    return validate_model(Problem, data, "problem")
+    return factories.with_slices(uniform_problem(p, m, f, b, w, **options), k)
 
 
 @pytest.mark.parametrize("p", [1, 2, 4])

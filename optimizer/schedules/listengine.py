@@ -52,6 +52,7 @@ from optimizer.errors import InfeasibleError
 from optimizer.ops import Op, op_duration, op_memory
 from optimizer.problem import Problem, one_microbatch_peaks
 from optimizer.schedules.registry import Orders
+from optimizer.schedules.units import backward_unit, forward_unit
 
 # Limits and memory deltas are floats that may be sums of profiled values.
 _REL_TOLERANCE = 1e-9
@@ -366,12 +367,6 @@ class _ListScheduler:
                 self._commit(d, op, time)
         return self.orders
 
-    def _forward_at(self, s: int, u: int) -> Op:
-        return Op("F", s, u // self.k, u % self.k)
-
-    def _backward_at(self, s: int, v: int) -> Op:
-        return Op("B", s, v // self.k, self.k - 1 - v % self.k)
-
     def _commit(self, d: int, op: Op, start: float) -> None:
         t, s, i, k = self.tables, op.stage, op.microbatch, op.slice
         memory = self.memory[d]
@@ -458,7 +453,7 @@ class _ListScheduler:
         for s in self.stages_on[d]:
             v = self.next_b[s]
             if v < best_v and self.arrive_b[s][v] <= now:
-                best, best_v = self._backward_at(s, v), v
+                best, best_v = backward_unit(s, v, self.k), v
         if best is not None:
             t, s, i, k, memory = self.tables, best.stage, best.microbatch, best.slice, self.memory[d]
             if memory.tracking and memory.irregular and memory.pending_count(i):
@@ -471,7 +466,7 @@ class _ListScheduler:
         """The F to run now, and whether a ready F was refused for memory."""
         t, policy, memory = self.tables, self.policy, self.memory[d]
         ready = [
-            self._forward_at(s, self.next_f[s])
+            forward_unit(s, self.next_f[s], self.k)
             for s in self.stages_on[d]
             if self.next_f[s] < self.units
             and self.arrive_f[s][self.next_f[s]] <= now

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from optimizer.problem import Problem
 from optimizer.schedules.registry import Generator, Orders, linear_only
-from optimizer.schedules.zero_bubble import backward_unit, forward_unit
+from optimizer.schedules.units import backward_unit, forward_unit
 
 
 def one_f_one_b(problem: Problem) -> Orders:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedules.registry import Orders
+from optimizer.schedules.units import backward_unit, forward_unit
 
 
 def split_backward_1f1b(problem: Problem, warmup: Callable[[int], int], deferred: Callable[[int], int], slices: int = 1) -> Orders:
@@ -47,14 +48,3 @@ def split_backward_1f1b(problem: Problem, warmup: Callable[[int], int], deferred
         ops += pending
         orders.append(ops)
     return orders
-
-
-def forward_unit(stage: int, unit: int, slices: int, kind: str = "F") -> Op:
-    """The unit-th forward of a stage: microbatch by microbatch, slices in order."""
-    return Op(kind, stage, unit // slices, unit % slices)
-
-
-def backward_unit(stage: int, unit: int, slices: int, kind: str = "B") -> Op:
-    """The unit-th backward of a stage: microbatch by microbatch, slices in reverse (a
-    slice's backward waits for the later slices' backwards)."""
-    return Op(kind, stage, unit // slices, slices - 1 - unit % slices)
