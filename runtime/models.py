@@ -217,6 +217,11 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
     return config, split
 
 
+def example_config(name: str) -> GPTConfig:
+    """The GPT configuration an `example[:options]` model name asks for."""
+    return _parse_example(name.partition(":")[2])[0]
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError):
         return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
