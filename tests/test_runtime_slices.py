@@ -11,6 +11,7 @@ them by tens of percent (checked below, so the comparison can fail).
 
 from __future__ import annotations
 
+import weakref
 from typing import cast
 
 import pytest
@@ -100,6 +101,25 @@ def test_a_slices_cache_lives_from_its_forward_to_its_backward():
     assert sorted(runner._cache) == [(0, 0)]
     runner.backward_input(0, None, 0)
     assert not runner._cache
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+def test_a_slices_keys_and_values_are_freed_by_its_backward(split):
+    """Not only dropped from the cache: nothing else (later slices' graphs, their inputs)
+    keeps them once the slice's own backward (and, split, the later W's) ran."""
+    model = build_example(TINY, 1, [4])
+    inputs, targets = model.make_batch(0, 1)
+    runner = StageRunner(model.stages[0], 0, 1, 1, model.loss_fn, None, UNEVEN)
+    for k, (a, b) in enumerate(UNEVEN):
+        runner.forward(0, inputs[:, a:b], targets[:, a:b], k)
+    kept = [weakref.ref(t) for pair in runner._cache[(0, 0)] for t in pair]
+    for k in (2, 1):
+        runner.backward_input(0, None, k) if split else runner.backward_fused(0, None, k)
+        if split:
+            runner.backward_weight(0, k)
+    assert all(ref() is not None for ref in kept)  # slice 0's backward still reads them
+    runner.backward_input(0, None, 0) if split else runner.backward_fused(0, None, 0)
+    assert all(ref() is None for ref in kept)
 
 
 def test_slice_bounds_follow_the_shares_and_cover_the_sequence():
