@@ -65,6 +65,8 @@ class Executor:
         self.plan = plan
         self.p2p = p2p
         self.device = device
+        # Whole sequences for every slice's op would count each token K times.
+        assert (slice_bounds is None) == (plan.num_slices == 1), "a sliced plan runs with its slices' token ranges"
         self.slice_bounds = slice_bounds
         self.runners = {
             s: StageRunner(module, s, plan.num_stages, plan.num_microbatches, loss_fn, meter, slice_bounds) for s, module in modules.items()
