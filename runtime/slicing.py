@@ -2,7 +2,7 @@
 slice's attention reads from the earlier slices of its microbatch.
 
 Slice k of a microbatch covers tokens [a_k, b_k) of every sequence (dimension 1 of the
-stage inputs and of the targets). The lengths follow the problem's slice shares,
+batch inputs, the targets and every stage output, which is how transfers size a slice). The lengths follow the problem's slice shares,
 rounded on the running sum so that they add up to the sequence length exactly.
 
 A model runs sliced when its stage modules say `token_slices = True` and take
