@@ -18,6 +18,13 @@ W: for each group of frontier nodes (nodes whose parameters overlap are grouped)
 A stage whose input needs no gradient (the first stage, fed token ids) has no frontier:
 B does nothing and W is the whole backward.
 
+Several roots: a token slice's backward starts from the stage output and from its own
+keys and values, which later slices' attention read (runtime/slicing.py). The roots may
+sit inside one another's graphs (a slice's keys feed its own attention too); autograd
+sums what reaches such a node. A root off the input path is a frontier node whose
+recorded gradient is only its own root gradient: W starts there *and* from the frontier
+nodes above it, and the two add up, so it is never pinned (see backward_weight).
+
 The cost, measured by the executor benchmark: one Python walk of the graph per B and
 one autograd call per parameter group per W (about 6 per transformer block). Memory: the
 retained graph keeps every saved activation until W, so B frees nothing; it holds the
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
@@ -54,15 +62,15 @@ class WeightWork:
         return sum(seen.values())
 
 
-def _weight_frontier(root: Node, inputs: set[Node], params: dict[Node, int]) -> tuple[dict[Node, frozenset[int]], bool]:
-    """The frontier nodes with the parameters each feeds, and whether `root` reaches an input.
+def _weight_frontier(roots: set[Node], inputs: set[Node], params: dict[Node, int]) -> tuple[dict[Node, frozenset[int]], set[Node]]:
+    """The frontier nodes with the parameters each feeds, and the input path.
 
-    One walk down from the root records each node's parents; the input path is then
+    One walk down from the roots records each node's parents; the input path is then
     everything above an input node, and each parameter climbs its weight-only part
     (usually a transpose or nothing) until it meets the input path.
     """
-    parents: dict[Node, list[Node]] = {root: []}
-    stack = [root]
+    parents: dict[Node, list[Node]] = {root: [] for root in roots}
+    stack = list(roots)
     while stack:
         node = stack.pop()
         for child, _ in node.next_functions:
@@ -93,13 +101,13 @@ def _weight_frontier(root: Node, inputs: set[Node], params: dict[Node, int]) -> 
             if node in on_input_path:
                 frontier.setdefault(node, set()).add(index)
                 continue
-            if node is root:  # the output itself misses the input: the root is frontier
+            if node in roots:  # a root that misses the input is frontier
                 frontier.setdefault(node, set()).add(index)
             for parent in parents[node]:
                 if parent not in seen:
                     seen.add(parent)
                     climb.append(parent)
-    return {node: frozenset(ids) for node, ids in frontier.items()}, root in on_input_path
+    return {node: frozenset(ids) for node, ids in frontier.items()}, on_input_path
 
 
 def _group(frontier: dict[Node, frozenset[int]]) -> list[tuple[list[Node], set[int]]]:
@@ -137,49 +145,87 @@ class SplitBackward:
         self._param_nodes = {get_gradient_edge(p).node: i for i, p in enumerate(self.params)}
 
     def backward_input(
-        self, outputs: torch.Tensor, grad_output: torch.Tensor | None, inputs: Sequence[torch.Tensor]
+        self,
+        outputs: torch.Tensor | Sequence[torch.Tensor],
+        grad_output: torch.Tensor | Sequence[torch.Tensor | None] | None,
+        inputs: Sequence[torch.Tensor],
     ) -> tuple[list[torch.Tensor | None], WeightWork]:
-        """Gradients for `inputs` (None where an input needs none) and the work W will do."""
+        """Gradients for `inputs` (None where an input needs none) and the work W will do.
+
+        `outputs` is one tensor or several roots, with one gradient each (None: ones).
+        """
+        roots = _roots(outputs, grad_output)
         grad_inputs: list[torch.Tensor | None] = [None] * len(inputs)
-        grad_output = torch.ones_like(outputs) if grad_output is None else grad_output
-        root = outputs.grad_fn
-        if root is None:
+        if not roots:
             return grad_inputs, WeightWork()
         needs_grad = [i for i, x in enumerate(inputs) if x.requires_grad]
         if not needs_grad:
-            # Nothing upstream waits: W does the whole backward from the output.
-            edge = [GradientEdge(root, outputs.output_nr)]
-            return grad_inputs, WeightWork([(edge, [grad_output], self.params, [])])
+            # Nothing upstream waits: W does the whole backward from the roots.
+            edges = [GradientEdge(root.node, root.tensor.output_nr) for root in roots]
+            return grad_inputs, WeightWork([(edges, [root.grad for root in roots], self.params, [])])
         input_nodes = {get_gradient_edge(inputs[i]).node for i in needs_grad}
-        frontier, root_on_input_path = _weight_frontier(root, input_nodes, self._param_nodes)
+        frontier, on_input_path = _weight_frontier({root.node for root in roots}, input_nodes, self._param_nodes)
 
-        recorded: dict[Node, tuple] = {}
-        if not root_on_input_path:
-            recorded[root] = tuple(grad_output if i == outputs.output_nr else None for i in range(outputs.output_nr + 1))
+        # A root off the input path is not run by B: its gradient is the root's own.
+        given: dict[Node, list[torch.Tensor | None]] = {}
+        for root in roots:
+            if root.node not in on_input_path:
+                slots = given.setdefault(root.node, [])
+                nr = root.tensor.output_nr
+                slots.extend([None] * (nr + 1 - len(slots)))
+                current = slots[nr]
+                slots[nr] = root.grad if current is None else current + root.grad
+        recorded: dict[Node, tuple] = {node: tuple(slots) for node, slots in given.items()}
         handles = []
         try:
             for node in frontier:
                 if node not in recorded:
                     handles.append(node.register_prehook(lambda grads, node=node: recorded.__setitem__(node, grads)))
-            found = torch.autograd.grad([outputs], [inputs[i] for i in needs_grad], [grad_output], retain_graph=True, allow_unused=True)
-            for i, g in zip(needs_grad, found):
-                grad_inputs[i] = g
+            on_path = [root for root in roots if root.node in on_input_path]
+            if on_path:
+                found = torch.autograd.grad(
+                    [root.tensor for root in on_path],
+                    [inputs[i] for i in needs_grad],
+                    [root.grad for root in on_path],
+                    retain_graph=True,
+                    allow_unused=True,
+                )
+                for i, g in zip(needs_grad, found):
+                    grad_inputs[i] = g
         finally:
             for handle in handles:
                 handle.remove()
 
         work = WeightWork()
         for nodes, param_ids in _group(frontier):
-            edges, grads = [], []
+            edges, edge_grads = [], []
             for node in nodes:
                 for i, g in enumerate(recorded.get(node, ())):
                     if g is not None:
                         edges.append(GradientEdge(node, i))
-                        grads.append(g)
+                        edge_grads.append(g)
             if edges:
-                clamps = [(node, recorded[node]) for node in nodes if node in recorded] if len(nodes) > 1 else []
-                work.groups.append((edges, grads, [self.params[i] for i in sorted(param_ids)], clamps))
+                pinned = [node for node in nodes if node in recorded and node not in given]
+                clamps = [(node, recorded[node]) for node in pinned] if len(nodes) > 1 else []
+                work.groups.append((edges, edge_grads, [self.params[i] for i in sorted(param_ids)], clamps))
         return grad_inputs, work
+
+
+class _Root(NamedTuple):
+    tensor: torch.Tensor
+    node: Node  # its grad_fn
+    grad: torch.Tensor
+
+
+def _roots(outputs: torch.Tensor | Sequence[torch.Tensor], grad_output: torch.Tensor | Sequence[torch.Tensor | None] | None) -> list[_Root]:
+    """The roots that have a graph, each with its gradient (ones where None is given)."""
+    if isinstance(outputs, torch.Tensor):
+        assert grad_output is None or isinstance(grad_output, torch.Tensor), "one root, one gradient"
+        pairs: list[tuple[torch.Tensor, torch.Tensor | None]] = [(outputs, grad_output)]
+    else:
+        assert not isinstance(grad_output, torch.Tensor) and grad_output is not None, "one gradient per root"
+        pairs = list(zip(outputs, grad_output, strict=True))
+    return [_Root(t, t.grad_fn, torch.ones_like(t) if g is None else g) for t, g in pairs if t.grad_fn is not None]
 
 
 def backward_weight(work: WeightWork) -> None:
@@ -207,14 +253,18 @@ def backward_weight(work: WeightWork) -> None:
     work.groups.clear()
 
 
-def backward_fused(outputs: torch.Tensor, grad_output: torch.Tensor | None, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
-    """Input and parameter gradients in one autograd call (the BW op)."""
-    grad_output = torch.ones_like(outputs) if grad_output is None else grad_output
-    if outputs.grad_fn is None:
+def backward_fused(
+    outputs: torch.Tensor | Sequence[torch.Tensor],
+    grad_output: torch.Tensor | Sequence[torch.Tensor | None] | None,
+    inputs: Sequence[torch.Tensor],
+) -> list[torch.Tensor | None]:
+    """Input and parameter gradients in one autograd call (the BW op); roots as in B."""
+    roots = _roots(outputs, grad_output)
+    if not roots:
         return [None] * len(inputs)
-    torch.autograd.backward([outputs], [grad_output])
-    grads = []
+    torch.autograd.backward([root.tensor for root in roots], [root.grad for root in roots])
+    found = []
     for x in inputs:
-        grads.append(x.grad if x.requires_grad else None)
+        found.append(x.grad if x.requires_grad else None)
         x.grad = None
-    return grads
+    return found

@@ -10,6 +10,10 @@ different orders (per microbatch and per op here, one batched GEMM there), which
 results by a few float32 roundings, 1e-7 to 1e-6 of the gradient's scale in practice;
 a real fault (a microbatch lost or counted twice, a gradient sent to the wrong stage)
 changes a gradient by at least 1/M of its scale, i.e. percents.
+
+Token-sliced schedules are compared with the same unsliced reference: their slices'
+losses add up to the batch mean (runtime/stage.py), so the gradients must agree to the
+same tolerance; attention over a concatenated cache only reorders sums again.
 """
 
 from __future__ import annotations

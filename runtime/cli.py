@@ -153,9 +153,10 @@ def run_job(engine: str, *args, **kwargs):
 
 def _print_run(summary: dict) -> None:
     losses = summary["losses"]
+    slices = f" x {summary['slices']} token slices" if summary.get("slices", 1) > 1 else ""
     print(
         f"ran {summary['method']} on {summary['devices']} ranks ({summary['backend']}{', torch runtime' if summary['engine'] == 'torch' else ''}), {summary['stages']} stages, "
-        f"{summary['microbatches']} microbatches: {summary['steps']} steps, median step {summary['median_step_ms']:.2f} ms "
+        f"{summary['microbatches']} microbatches{slices}: {summary['steps']} steps, median step {summary['median_step_ms']:.2f} ms "
         f"(schedule's makespan {summary['predicted_makespan']:.4g} in its time unit)"
     )
     print(f"loss {losses[0]:.6g}" + (f" -> {losses[-1]:.6g}" if len(losses) > 1 else ""))

@@ -52,9 +52,11 @@ class P2P:
         outputs: list[TensorSpec],  # outputs[s]: what stage s returns (and its gradient)
         device: torch.device,
         timeout_s: float,
+        slice_bounds: list[tuple[int, int]] | None = None,  # token slices: [a_k, b_k) on dimension 1
     ):
         self.plan = plan
         self.outputs = outputs
+        self.slice_bounds = slice_bounds
         self.device = device
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._order = IssueOrder(plan)
@@ -102,7 +104,11 @@ class P2P:
         for message in messages:
             if message.dst == rank:
                 spec = self.outputs[message.stage - 1 if message.kind == ACTIVATION else message.stage]
-                buffer = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+                shape = spec.shape
+                if self.slice_bounds is not None:  # a slice's tensor holds its own tokens only
+                    start, end = self.slice_bounds[message.slice]
+                    shape = (shape[0], end - start, *shape[2:])
+                buffer = torch.empty(shape, dtype=spec.dtype, device=self.device)
                 self._receives[message.tag] = (buffer, [dist.irecv(buffer, message.src, tag=message.tag)])
             else:
                 tensor = self._tensors.pop(message.tag)

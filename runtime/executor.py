@@ -6,6 +6,10 @@ stage and passes the output on the same way. B takes the output gradient (the la
 stage starts from its loss), computes the input gradient only, and passes it upstream.
 W accumulates the parameter gradients of one microbatch; BW does B and W in one call.
 The optimizer step is the caller's, after the step.
+
+With token slices every op is one slice's: the first stage takes the slice's tokens,
+the last stage the slice's targets, and what passes between stages is the slice's part
+(runtime/slicing.py, runtime/stage.py).
 """
 
 from __future__ import annotations
@@ -56,14 +60,20 @@ class Executor:
         device: torch.device,
         meter: MemoryMeter | None = None,
         synchronize: bool = False,
+        slice_bounds: list[tuple[int, int]] | None = None,  # token slices: [a_k, b_k) per slice
     ):
         self.plan = plan
         self.p2p = p2p
         self.device = device
-        self.runners = {s: StageRunner(module, s, plan.num_stages, plan.num_microbatches, loss_fn, meter) for s, module in modules.items()}
+        # Whole sequences for every slice's op would count each token K times.
+        assert (slice_bounds is None) == (plan.num_slices == 1), "a sliced plan runs with its slices' token ranges"
+        self.slice_bounds = slice_bounds
+        self.runners = {
+            s: StageRunner(module, s, plan.num_stages, plan.num_microbatches, loss_fn, meter, slice_bounds) for s, module in modules.items()
+        }
         # Per-op timings on a GPU need the device idle at each boundary (profiling only).
         self.synchronize = synchronize and device.type == "cuda"
-        self._handed: dict[tuple[str, int, int], torch.Tensor] = {}
+        self._handed: dict[tuple[str, int, int, int], torch.Tensor] = {}
         # The same per-op transfers the pairing check replays (runtime/pairing.py).
         self._transfers = op_transfers(plan)
 
@@ -94,28 +104,36 @@ class Executor:
 
     def _run(self, op: Op, receive: Message | None, send: Message | None, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
         runner = self.runners[op.stage]
-        s, mb = op.stage, op.microbatch
+        s, mb, k = op.stage, op.microbatch, op.slice
         if op.kind == "F":
-            x = inputs[mb] if s == 0 else self._take(ACTIVATION, s, mb, op, receive)
-            out = runner.forward(mb, x, targets[mb] if runner.last else None)
+            x = self._tokens(inputs[mb], k) if s == 0 else self._take(ACTIVATION, op, receive)
+            out = runner.forward(mb, x, self._tokens(targets[mb], k) if runner.last else None, k)
             if not runner.last:
-                self._give(ACTIVATION, s + 1, mb, out, send)
+                self._give(ACTIVATION, s + 1, mb, k, out, send)
         elif op.kind in ("B", "BW"):
-            grad = None if runner.last else self._take(GRADIENT, s, mb, op, receive)
-            grad_in = runner.backward_input(mb, grad) if op.kind == "B" else runner.backward_fused(mb, grad)
+            grad = None if runner.last else self._take(GRADIENT, op, receive)
+            grad_in = runner.backward_input(mb, grad, k) if op.kind == "B" else runner.backward_fused(mb, grad, k)
             if s > 0:
                 assert grad_in is not None, "a stage after the first passes an input gradient on"
-                self._give(GRADIENT, s - 1, mb, grad_in, send)
+                self._give(GRADIENT, s - 1, mb, k, grad_in, send)
         else:
-            runner.backward_weight(mb)
+            runner.backward_weight(mb, k)
 
-    def _take(self, kind: str, stage: int, mb: int, op: Op, receive: Message | None) -> torch.Tensor:
+    def _tokens(self, batch: torch.Tensor, slice: int) -> torch.Tensor:
+        """A microbatch's inputs or targets of one token slice (dimension 1)."""
+        if self.slice_bounds is None:
+            return batch
+        start, end = self.slice_bounds[slice]
+        return batch[:, start:end]
+
+    def _take(self, kind: str, op: Op, receive: Message | None) -> torch.Tensor:
+        """The input `op` consumes: handed over on this rank, or received."""
         if receive is None:  # the other stage is on this rank
-            return self._handed.pop((kind, stage, mb))
+            return self._handed.pop((kind, op.stage, op.microbatch, op.slice))
         return self.p2p.take(receive, op)
 
-    def _give(self, kind: str, stage: int, mb: int, tensor: torch.Tensor, send: Message | None) -> None:
+    def _give(self, kind: str, stage: int, mb: int, slice: int, tensor: torch.Tensor, send: Message | None) -> None:
         if send is None:
-            self._handed[(kind, stage, mb)] = tensor  # same device: no communication
+            self._handed[(kind, stage, mb, slice)] = tensor  # same device: no communication
         else:
             self.p2p.send(send, tensor)

@@ -27,22 +27,19 @@ class OpTransfers:
 
 def op_transfers(plan: RankPlan) -> tuple[OpTransfers, ...]:
     """Per op of `plan.ops`, in order, what it receives and sends (None: local or none)."""
-    incoming: dict[tuple[str, int, int], Message] = {}
-    outgoing: dict[tuple[str, int, int], Message] = {}
+    incoming: dict[tuple[str, int, int, int], Message] = {}
+    outgoing: dict[tuple[str, int, int, int], Message] = {}
     for messages in plan.peer_messages.values():
         for message in messages:
-            key = (message.kind, message.stage, message.microbatch)
+            key = (message.kind, message.stage, message.microbatch, message.slice)
             (incoming if message.dst == plan.rank else outgoing)[key] = message
     found = []
     for op in plan.ops:
+        mb, k = op.microbatch, op.slice
         if op.kind == "F":
-            found.append(
-                OpTransfers(incoming.get((ACTIVATION, op.stage, op.microbatch)), outgoing.get((ACTIVATION, op.stage + 1, op.microbatch)))
-            )
+            found.append(OpTransfers(incoming.get((ACTIVATION, op.stage, mb, k)), outgoing.get((ACTIVATION, op.stage + 1, mb, k))))
         elif op.kind in ("B", "BW"):
-            found.append(
-                OpTransfers(incoming.get((GRADIENT, op.stage, op.microbatch)), outgoing.get((GRADIENT, op.stage - 1, op.microbatch)))
-            )
+            found.append(OpTransfers(incoming.get((GRADIENT, op.stage, mb, k)), outgoing.get((GRADIENT, op.stage - 1, mb, k))))
         else:
             found.append(OpTransfers(None, None))
     return tuple(found)

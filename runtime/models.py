@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from optimizer.errors import InputError
 from optimizer.formats.example_split import blocks_per_stage
 from optimizer.problem import Problem, load_problem
+from runtime.slicing import SliceCache, causal_mask
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 BatchFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -79,11 +80,14 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden, 3 * config.hidden)
         self.proj = nn.Linear(config.hidden, config.hidden)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: SliceCache | None = None) -> torch.Tensor:
+        """Causal attention of `x`'s tokens; with a cache, also to the earlier slices' tokens."""
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is not None:
+            k, v = cache.extend(k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, k.shape[2], x.device))
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -105,13 +109,19 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(config.hidden)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, cache: SliceCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), cache)
         return x + self.mlp(self.ln2(x))
 
 
 class GPTStage(nn.Module):
-    """A slice of the GPT: embeddings if first, `num_layers` blocks, norm and head if last."""
+    """A part of the GPT: embeddings if first, `num_layers` blocks, norm and head if last.
+
+    It runs token slices (runtime/slicing.py): `cache` gives the slice's first position
+    and the earlier slices' keys and values; None runs whole sequences.
+    """
+
+    token_slices = True
 
     def __init__(self, config: GPTConfig, num_layers: int, first: bool, last: bool):
         super().__init__()
@@ -124,12 +134,13 @@ class GPTStage(nn.Module):
             self.ln_f = nn.LayerNorm(config.hidden)
             self.head = nn.Linear(config.hidden, config.vocab, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: SliceCache | None = None) -> torch.Tensor:
         if self.first:
-            positions = torch.arange(x.shape[1], device=x.device)
+            start = cache.start if cache is not None else 0
+            positions = torch.arange(start, start + x.shape[1], device=x.device)
             x = self.tok_emb(x) + self.pos_emb(positions)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, cache)
         if self.last:
             x = self.head(self.ln_f(x))
         return x
@@ -238,6 +249,11 @@ def model_layers(name: str) -> tuple[str, list[tuple[str, str]]]:
     except Exception as exc:
         raise InputError(f"model: {module_name}.pipeline_layers() raised {_describe(exc)}") from exc
     return name, layers
+
+
+def example_config(name: str) -> GPTConfig:
+    """The GPT configuration an `example[:options]` model name asks for."""
+    return _parse_example(name.partition(":")[2])[0]
 
 
 def _describe(exc: BaseException) -> str:

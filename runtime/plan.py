@@ -5,7 +5,8 @@ the wrong device, ops missing or repeated, or an order that deadlocks (the simul
 names each stuck device's next op).
 
 Messages: an activation goes from F(s, i) to F(s+1, i) and a gradient from B/BW(s, i)
-to B/BW(s-1, i) whenever the two stages sit on different devices. Every rank derives
+to B/BW(s-1, i) whenever the two stages sit on different devices; with token slices,
+each slice's is its own message (from F(s, i, k) to F(s+1, i, k), and so on). Every rank derives
 the same global message order from the simulated schedule (by send time, then a fixed
 tie-break). Each rank issues its sends and receives *with one peer* in that order
 (runtime/issue.py), so backends that match point-to-point messages by order (NCCL, one
@@ -29,7 +30,7 @@ ACTIVATION, GRADIENT = "activation", "gradient"
 
 @dataclass(frozen=True)
 class Message:
-    """One tensor from `src` to `dst`: the input `kind` of `stage` for `microbatch`."""
+    """One tensor from `src` to `dst`: the input `kind` of `stage` for `microbatch` (and `slice`)."""
 
     tag: int  # index in the global order; unique, so gloo can match on it
     kind: str  # ACTIVATION (input of F(stage)) or GRADIENT (output grad of B(stage))
@@ -38,10 +39,12 @@ class Message:
     src: int
     dst: int
     send_time: float
+    slice: int = 0
 
     def describe(self) -> str:
         what = "activation" if self.kind == ACTIVATION else "gradient"
-        return f"{what} for stage {self.stage} mb {self.microbatch}"
+        label = f"{self.microbatch}.{self.slice}" if self.slice else str(self.microbatch)
+        return f"{what} for stage {self.stage} mb {label}"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,11 @@ class RankPlan:
     ops: tuple[Op, ...]
     peer_messages: dict[int, tuple[Message, ...]]  # peer -> messages to or from it, in order
     predicted_makespan: float
+    slice_shares: tuple[float, ...] = (1.0,)  # per token slice: its share of the tokens
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.slice_shares)
 
     @property
     def stages(self) -> list[int]:
@@ -86,15 +94,15 @@ def build_plans(schedule: Schedule, world_size: int, source: str = "schedule") -
     device_of = tuple(stage.device for stage in problem.stages)
     num_stages = problem.num_stages
 
-    pending: list[tuple[float, int, int, str, int, int]] = []
+    pending: list[tuple[float, int, int, str, int, int, int]] = []
     for device, ops in enumerate(timed):
         for op in ops:
             if op.kind == "F" and op.stage + 1 < num_stages and device_of[op.stage + 1] != device:
-                pending.append((op.end, device, device_of[op.stage + 1], ACTIVATION, op.stage + 1, op.microbatch))
+                pending.append((op.end, device, device_of[op.stage + 1], ACTIVATION, op.stage + 1, op.microbatch, op.slice))
             if op.kind in ("B", "BW") and op.stage > 0 and device_of[op.stage - 1] != device:
-                pending.append((op.end, device, device_of[op.stage - 1], GRADIENT, op.stage - 1, op.microbatch))
+                pending.append((op.end, device, device_of[op.stage - 1], GRADIENT, op.stage - 1, op.microbatch, op.slice))
     pending.sort()
-    messages = [Message(tag, kind, stage, mb, src, dst, time) for tag, (time, src, dst, kind, stage, mb) in enumerate(pending)]
+    messages = [Message(tag, kind, stage, mb, src, dst, time, k) for tag, (time, src, dst, kind, stage, mb, k) in enumerate(pending)]
     makespan = max((op.end for ops in timed for op in ops), default=0.0)
 
     plans = []
@@ -114,6 +122,7 @@ def build_plans(schedule: Schedule, world_size: int, source: str = "schedule") -
                 ops=tuple(op.op for op in timed[rank]),
                 peer_messages={peer: tuple(msgs) for peer, msgs in per_peer.items()},
                 predicted_makespan=makespan,
+                slice_shares=problem.slice_shares(),
             )
         )
     return plans

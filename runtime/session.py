@@ -2,8 +2,9 @@
 
 `open_session` runs inside an initialized process group. It checks the schedule against
 the world, builds the model (every rank the same way, keeping its own stages), learns
-the shape of every stage output with one no-grad forward of the first microbatch, and
-wires the executor. `step` runs one timed training step with the ranks started
+the shape of every stage output with one no-grad forward of the first microbatch, cuts
+the token slices of a sliced schedule from the model's sequence length, and wires the
+executor. `step` runs one timed training step with the ranks started
 together, so a step's time is comparable with a simulated makespan.
 """
 
@@ -24,6 +25,7 @@ from runtime.executor import Executor, StepResult
 from runtime.memory import MemoryMeter
 from runtime.models import PipelineModel, load_model
 from runtime.plan import RankPlan, build_plans
+from runtime.slicing import slice_bounds
 
 
 @dataclass
@@ -71,6 +73,19 @@ def output_specs(stages: Sequence[nn.Module], example_input: torch.Tensor) -> li
     return specs
 
 
+def token_slices(
+    model: PipelineModel, plan: RankPlan, microbatch: torch.Tensor, model_name: str, source: str
+) -> list[tuple[int, int]] | None:
+    """The slices' token ranges, None for an unsliced schedule; refuses a model that cannot slice."""
+    if plan.num_slices == 1:
+        return None
+    if not all(getattr(stage, "token_slices", False) for stage in model.stages):
+        raise InputError(f"model: {model_name} does not run token slices ({source} has {plan.num_slices} per microbatch)")
+    if microbatch.dim() < 2:
+        raise InputError(f"model: {model_name}'s inputs have no token dimension to slice")
+    return slice_bounds(plan.slice_shares, microbatch.shape[1], source)
+
+
 def open_session(
     schedule: Schedule,
     model_name: str,
@@ -86,11 +101,13 @@ def open_session(
     plan = build_plans(schedule, world_size, source)[rank]
     model = load_model(model_name, plan.num_stages, model_problem)
     example_inputs, _ = model.make_batch(0, plan.num_microbatches)
-    specs = output_specs(model.stages, example_inputs.chunk(plan.num_microbatches)[0])
+    first_microbatch = example_inputs.chunk(plan.num_microbatches)[0]
+    specs = output_specs(model.stages, first_microbatch)
+    bounds = token_slices(model, plan, first_microbatch, model_name, source)
     modules = {s: model.stages[s].to(device) for s in plan.stages}
     params = [p for module in modules.values() for p in module.parameters()]
     meter = MemoryMeter(device, params) if measure_memory else None
-    p2p = P2P(plan, specs, device, timeout_s)
-    executor = Executor(plan, modules, model.loss_fn, p2p, device, meter=meter, synchronize=measure_memory)
+    p2p = P2P(plan, specs, device, timeout_s, bounds)
+    executor = Executor(plan, modules, model.loss_fn, p2p, device, meter=meter, synchronize=measure_memory, slice_bounds=bounds)
     optimizer = torch.optim.AdamW(params, lr=1e-3) if params else None
     return Session(plan, model, modules, executor, optimizer, device, meter)

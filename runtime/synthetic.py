@@ -19,6 +19,10 @@ one on the weight (its backward sleeps W). An input-gradient pass reaches only t
 first, a weight-gradient pass only the second, and a fused backward both. Every
 deadline counts from the op's start, so allocation time is part of the op's time.
 
+Token slices: the tensor's columns are the tokens (`width` of them), slice k runs its
+columns with its part of the weight, spends op k's times (optimizer.ops.op_duration:
+F and B cost_k x the stage's, W share_k x) and holds share_k of the memory.
+
 The first stage has no input gradient to compute, and runtimes skip its B (torch's
 does). `input_gradient_on_first_stage` asks ours to run it, so that stage 0's B
 sleeps too; on torch's runtime stage 0's B time is spent in its W instead.
@@ -36,7 +40,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from optimizer.errors import InputError
-from optimizer.problem import Problem
+from optimizer.ops import op_duration, op_memory
+from optimizer.problem import Problem, Tables
+from runtime.slicing import SliceCache
 
 MIB = 2**20
 
@@ -128,36 +134,44 @@ class _WeightPath(torch.autograd.Function):
 
 class SleepingStage(nn.Module):
     input_gradient_on_first_stage = True  # see the module docstring
+    token_slices = True  # see the module docstring
 
     def __init__(self, config: SyntheticConfig, problem: Problem, index: int):
         super().__init__()
-        stage = problem.stages[index]
-        unit = config.mib_per_unit * MIB
-        self.f_seconds = stage.forward / 1e3
-        self.b_seconds = stage.backward_input / 1e3
-        self.w_seconds = stage.backward_weight / 1e3
-        forward_bytes = round(stage.memory.forward * unit)
-        b_change = round(stage.memory.backward_input * unit)
-        self.until_b = min(forward_bytes, max(0, -b_change))  # F's part that B frees
-        self.until_w = forward_bytes - self.until_b
-        self.b_extra = max(0, b_change)  # what B keeps beyond F's, freed by W
+        self.index = index
+        self.unit = config.mib_per_unit * MIB
+        self.tables = problem.tables()
+        self.whole = _whole(self.tables)  # an unsliced forward (the reference, shape probing)
         self.ledger = Ledger()
         generator = torch.Generator().manual_seed(config.seed * 100_003 + index)
         self.weight = nn.Parameter(torch.randn(config.width, generator=generator) * 0.1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: SliceCache | None = None) -> torch.Tensor:
         start = time.perf_counter()
-        held = _Held(self.ledger, self.until_b, self.until_w) if torch.is_grad_enabled() else None
+        slice = cache.slice if cache is not None else None
+        tables = self.tables if slice is not None else self.whole
+        k = slice or 0
+        forward_bytes = round(op_memory(tables, "F", self.index, k) * self.unit)
+        b_change = round(op_memory(tables, "B", self.index, k) * self.unit)
+        until_b = min(forward_bytes, max(0, -b_change))  # F's part that B frees
+        held = _Held(self.ledger, until_b, forward_bytes - until_b) if torch.is_grad_enabled() else None
+        weight = self.weight if cache is None else self.weight[cache.start : cache.start + x.shape[1]]
         if held is None:  # no backward will come (shape probing): hold and sleep nothing
-            return torch.tanh(x + self.weight)
-        h = _InputPath.apply(x, held, self.b_seconds, self.b_extra)
+            return torch.tanh(x + weight)
+        b_seconds = op_duration(tables, "B", self.index, k) / 1e3
+        w_seconds = op_duration(tables, "W", self.index, k) / 1e3
+        h = _InputPath.apply(x, held, b_seconds, max(0, b_change))  # B's extra beyond F's, freed by W
         # No input gradient (a first stage fed a plain batch): B has nothing to run, and
         # its time goes to W, where the runtime does this stage's whole backward.
-        w_seconds = self.w_seconds if x.requires_grad else self.b_seconds + self.w_seconds
-        w = _WeightPath.apply(self.weight, held, w_seconds)
+        w = _WeightPath.apply(weight, held, w_seconds if x.requires_grad else b_seconds + w_seconds)
         out = torch.tanh(h + w)
-        sleep_until(start + self.f_seconds)
+        sleep_until(start + op_duration(tables, "F", self.index, k) / 1e3)
         return out
+
+
+def _whole(tables: Tables) -> Tables:
+    """The tables of whole microbatches: one slice with all the tokens and all the cost."""
+    return dataclasses.replace(tables, slice_share=(1.0,), slice_cost=(1.0,))
 
 
 def parse_options(options: str) -> tuple[SyntheticConfig, str | None]:

@@ -74,6 +74,7 @@ def summarize(job: RunJob, schedule, predicted: float, gathered: list) -> dict:
         "devices": schedule.problem.num_devices,
         "stages": schedule.problem.num_stages,
         "microbatches": schedule.problem.num_microbatches,
+        "slices": schedule.problem.num_slices,
         "model": job.model,
         "steps": num_steps,
         "step_ms": [round(s * 1e3, 4) for s in seconds],

@@ -26,9 +26,10 @@ pytestmark = [pytest.mark.solver, pytest.mark.slow]
 def allocating_problem(seed: int, p: int = 2, m: int = 2, headroom: float | None = None) -> Problem:
     """Random times on a 0.1 grid; each B allocates, W frees it and the forward's allocation."""
     rng = random.Random(seed)
-    stages = []
+    stages, allocations = [], []
     for d in range(p):
         allocated = round(rng.uniform(0.1, 0.8), 2)
+        allocations.append(allocated)
         stages.append(
             {
                 "device": d,
@@ -38,10 +39,10 @@ def allocating_problem(seed: int, p: int = 2, m: int = 2, headroom: float | None
                 "memory": {"forward": 1.0, "backward_input": allocated, "backward_weight": -(1.0 + allocated)},
             }
         )
-    data = {"num_devices": p, "num_microbatches": m, "stages": stages}
+    data: dict = {"num_devices": p, "num_microbatches": m, "stages": stages}
     if headroom is not None:
         # Between two forwards' worth and what the split path needs, where fusing matters.
-        data["memory_limit"] = round(2.0 + headroom * max(s["memory"]["backward_input"] for s in stages), 2)
+        data["memory_limit"] = round(2.0 + headroom * max(allocations), 2)
     return validate_model(Problem, data, "problem")
 
 
