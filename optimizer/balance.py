@@ -71,30 +71,80 @@ class BalanceResult:
     interrupted: bool = False  # Ctrl-C ended the search early: the best so far
 
 
-def score_split(
-    profile: LayersProfile,
-    placement: Placement,
-    split: Split,
-    num_microbatches: int,
-    memory_limit: float | None,
-    name: str,
-    objective: str = "makespan",
-    deadline: float | None = None,
-) -> SplitTrial:
-    """The split's best known fitting schedule (families and automatic schedulers)."""
-    trial = SplitTrial(name, split)
-    try:
-        trial.problem = split_problem(profile, placement, split, num_microbatches, memory_limit)
-    except SplitInfeasible as error:
-        trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
+@dataclass
+class _SplitSearch:
+    """One search's fixed inputs and the splits it has tried so far."""
+
+    profile: LayersProfile
+    placement: Placement
+    num_microbatches: int
+    memory_limit: float | None
+    options: SolveOptions
+    solve: Callable[[Problem, SolveOptions], Schedule]
+    on_trial: Callable[[SplitTrial], None] | None
+    began: float = field(default_factory=time.monotonic)
+    trials: list[SplitTrial] = field(default_factory=list)
+
+    def score(self, split: Split, name: str, deadline: float | None) -> SplitTrial:
+        """Try `split`: its best known fitting schedule (families and automatic schedulers)."""
+        trial = SplitTrial(name, split)
+        self.trials.append(trial)
+        try:
+            trial.problem = split_problem(self.profile, self.placement, split, self.num_microbatches, self.memory_limit)
+        except SplitInfeasible as error:
+            trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
+        else:
+            found, _ = generator_candidates(trial.problem, deadline=deadline)
+            best = best_fitting(found, self.options.objective)
+            if best is None:
+                trial.reason = "no known schedule fits its memory limit"
+            else:
+                trial.schedule = best.schedule
+        if self.on_trial is not None:
+            self.on_trial(trial)
         return trial
-    found, _ = generator_candidates(trial.problem, deadline=deadline)
-    best = best_fitting(found, objective)
-    if best is None:
-        trial.reason = "no known schedule fits its memory limit"
-    else:
-        trial.schedule = best.schedule
-    return trial
+
+    def run(self) -> None:
+        limit, objective = self.options.time_limit, self.options.objective
+        candidate_deadline = self.began + CANDIDATE_SHARE * limit
+        for name, split in candidate_splits(self.profile, self.placement.num_stages).items():
+            # The even split is always scored in full: it is the baseline every choice is compared with.
+            self.score(split, name, None if name == "even" else max(candidate_deadline, time.monotonic() + 0.05 * limit))
+
+        # Local search: one layer across one boundary at a time, first improvement, while time lasts.
+        search_deadline = self.began + (CANDIDATE_SHARE + LOCAL_SEARCH_SHARE) * limit
+        current = min(self.trials, key=lambda t: t.value(objective))
+        improved = current.schedule is not None
+        step = 0
+        while improved and time.monotonic() < search_deadline:
+            improved = False
+            seen = {t.split for t in self.trials}
+            for split in neighbours(current.split):
+                if split in seen or time.monotonic() >= search_deadline:
+                    continue
+                step += 1
+                trial = self.score(split, f"search {step}", search_deadline)
+                if trial.value(objective) < current.value(objective) * (1 - 1e-9):
+                    current, improved = trial, True
+                    break
+
+        # The named splits (the baselines a user would try by hand) and the best searched ones
+        # all get the solver for the same share of the time left, so the reported comparison is
+        # like for like and the chosen split is never worse than a baseline under it.
+        fitting = [t for t in self.trials if t.schedule is not None]
+        named = [t for t in fitting if not t.name.startswith("search")]
+        searched = sorted((t for t in fitting if t.name.startswith("search")), key=lambda t: t.value(objective))
+        to_beat = min((t.value(objective) for t in named), default=float("inf"))
+        finalists = named + [t for t in searched[:SOLVED_SPLITS] if t.value(objective) < to_beat]
+        for k, trial in enumerate(finalists):
+            share = (self.began + limit - time.monotonic()) / (len(finalists) - k)
+            if share <= 0.05:
+                break
+            assert trial.problem is not None
+            solved = self.solve(trial.problem, replace(self.options, time_limit=share))
+            trial.solver_seconds = share
+            if objective_value(solved, objective) < trial.value(objective):
+                trial.schedule = solved
 
 
 def candidate_splits(profile: LayersProfile, num_stages: int) -> dict[str, Split]:
@@ -125,87 +175,19 @@ def choose_split(
     `solve` is the solver for one fixed split (optimizer.exact.solve with method auto);
     it is passed in so this module does not depend on the portfolio.
     """
-    began = time.monotonic()
-    objective = options.objective
-    trials: list[SplitTrial] = []
-    seen: set[Split] = set()
-
-    def tried(trial: SplitTrial) -> SplitTrial:
-        trials.append(trial)
-        seen.add(trial.split)
-        if on_trial is not None:
-            on_trial(trial)
-        return trial
-
+    search = _SplitSearch(profile, placement, num_microbatches, memory_limit, options, solve, on_trial)
     interrupted = False
     try:
-        _search(profile, placement, num_microbatches, memory_limit, options, solve, tried, seen, trials, began)
+        search.run()
     except KeyboardInterrupt:
         interrupted = True
-    fitting = [t for t in trials if t.schedule is not None]
+    fitting = [t for t in search.trials if t.schedule is not None]
     if not fitting:
         if interrupted:
             raise KeyboardInterrupt
-        raise _no_split_fits(trials, memory_limit)
-    chosen = min(fitting, key=lambda t: t.value(objective))
-    return BalanceResult(chosen, trials, interrupted)
-
-
-def _search(
-    profile: LayersProfile,
-    placement: Placement,
-    num_microbatches: int,
-    memory_limit: float | None,
-    options: SolveOptions,
-    solve: Callable[[Problem, SolveOptions], Schedule],
-    tried: Callable[[SplitTrial], SplitTrial],
-    seen: set[Split],
-    trials: list[SplitTrial],
-    began: float,
-) -> None:
-    limit, objective = options.time_limit, options.objective
-    candidate_deadline = began + CANDIDATE_SHARE * limit
-    for name, split in candidate_splits(profile, placement.num_stages).items():
-        # The even split is always scored in full: it is the baseline every choice is compared with.
-        deadline = None if name == "even" else max(candidate_deadline, time.monotonic() + 0.05 * limit)
-        tried(score_split(profile, placement, split, num_microbatches, memory_limit, name, objective, deadline))
-
-    # Local search: one layer across one boundary at a time, first improvement, while time lasts.
-    search_deadline = began + (CANDIDATE_SHARE + LOCAL_SEARCH_SHARE) * limit
-    current = min(trials, key=lambda t: t.value(objective))
-    improved = current.schedule is not None
-    step = 0
-    while improved and time.monotonic() < search_deadline:
-        improved = False
-        for split in neighbours(current.split):
-            if split in seen or time.monotonic() >= search_deadline:
-                continue
-            step += 1
-            trial = tried(
-                score_split(profile, placement, split, num_microbatches, memory_limit, f"search {step}", objective, search_deadline)
-            )
-            if trial.value(objective) < current.value(objective) * (1 - 1e-9):
-                current, improved = trial, True
-                break
-
-    # The named splits (the baselines a user would try by hand) and the best searched ones
-    # all get the solver for the same share of the time left, so the reported comparison is
-    # like for like and the chosen split is never worse than a baseline under it.
-    fitting = [t for t in trials if t.schedule is not None]
-    named = [t for t in fitting if not t.name.startswith("search")]
-    searched = sorted((t for t in fitting if t.name.startswith("search")), key=lambda t: t.value(objective))
-    to_beat = min((t.value(objective) for t in named), default=float("inf"))
-    finalists = named + [t for t in searched[:SOLVED_SPLITS] if t.value(objective) < to_beat]
-    for k, trial in enumerate(finalists):
-        left = began + limit - time.monotonic()
-        share = left / (len(finalists) - k)
-        if share <= 0.05:
-            break
-        assert trial.problem is not None
-        solved = solve(trial.problem, replace(options, time_limit=share))
-        trial.solver_seconds = share
-        if objective_value(solved, objective) < trial.value(objective):
-            trial.schedule = solved
+        raise _no_split_fits(search.trials, memory_limit)
+    chosen = min(fitting, key=lambda t: t.value(options.objective))
+    return BalanceResult(chosen, search.trials, interrupted)
 
 
 def _no_split_fits(trials: list[SplitTrial], memory_limit: float | None) -> SplitInfeasible:
