@@ -15,6 +15,7 @@ that beat them got `auto` for the same share of the time; iteration time (makesp
 plus parameter state, GiB: the largest and the spread between devices).
 
     python benchmarks/balance.py [--time-limit 60] [--vocab 32000,128000,256000]
+    python benchmarks/balance.py --example      # the example model measured on 2 gloo ranks
 
 Prints a table and writes benchmarks/results/balance.{json,md}.
 """
@@ -23,8 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from optimizer.balance import choose_split  # noqa: E402
 from optimizer.exact import SolveOptions, solve  # noqa: E402
+from optimizer.formats.schedule_json import load_schedule  # noqa: E402
 from optimizer.layer_costs import DecoderSizes, decoder_layers  # noqa: E402
 from optimizer.layers import LayersProfile  # noqa: E402
 from optimizer.schedule import Schedule  # noqa: E402
@@ -94,6 +99,99 @@ def run_case(vocab: int, level: str, devices: int, microbatches: int, time_limit
     }
 
 
+def _pipesched(*args: object) -> str:
+    """Run the pipesched command line (this checkout) and return its stdout; fail loudly."""
+    command = [sys.executable, "-c", "import sys; from runtime.cli import main; sys.exit(main())", *map(str, args)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"pipesched {' '.join(map(str, args))} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def example_case(args: argparse.Namespace, folder: Path) -> dict:
+    """The example model with a large vocabulary: per-layer profile, even split against the chosen
+    one, each solved by `auto` with the same time and run on gloo ranks (measured against predicted)."""
+    from optimizer.formats.schedule_json import save_schedule
+    from optimizer.layers import load_layers
+
+    model = args.example_model
+    layers_file = folder / "layers.json"
+    # One rank profiles every layer: give it the threads each of the run's ranks gets (cores / ranks),
+    # or every op would be measured faster than it runs.
+    threads = max(1, (os.cpu_count() or 1) // args.example_devices)
+    _pipesched(
+        "profile",
+        "--model",
+        model,
+        "-p",
+        1,
+        "-m",
+        args.example_microbatches,
+        "--per-layer",
+        "--steps",
+        3,
+        "--threads",
+        threads,
+        "-o",
+        layers_file,
+    )
+    profile = load_layers(layers_file)
+    placement = Placement.named("linear", args.example_devices)
+    options = SolveOptions(time_limit=args.example_time_limit)
+    chosen_file, even_file = folder / "chosen.json", folder / "even.json"
+    _pipesched(
+        "solve",
+        layers_file,
+        "-p",
+        args.example_devices,
+        "-m",
+        args.example_microbatches,
+        "--time-limit",
+        args.example_time_limit,
+        "-q",
+        "-o",
+        chosen_file,
+    )
+    even = split_problem(profile, placement, even_split(profile, placement.num_stages), args.example_microbatches)
+    save_schedule(solve(even, "auto", options), even_file)
+    rows = []
+    for name, path in (("even", even_file), ("chosen", chosen_file)):
+        summary = json.loads(_pipesched("run", path, "--model", model, "--steps", args.example_steps, "--json"))
+        blocks = [sum(1 for layer in stage.layers or [] if layer.kind == "block") for stage in load_schedule(path).problem.stages]
+        rows.append(
+            {"split": name, "blocks": blocks, "predicted_ms": summary["predicted_makespan"], "measured_ms": summary["median_step_ms"]}
+        )
+    return {
+        "model": model,
+        "devices": args.example_devices,
+        "microbatches": args.example_microbatches,
+        "rows": rows,
+        "load": os.getloadavg()[0],
+    }
+
+
+def example_markdown(case: dict) -> str:
+    lines = [
+        f"Example model `{case['model']}` on {case['devices']} gloo ranks, {case['microbatches']} microbatches "
+        f"(per-layer profile on one rank; 1-minute load {case['load']:.1f} at the end):",
+        "",
+        "| split | blocks per stage | predicted ms | measured ms | measured vs predicted |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in case["rows"]:
+        lines.append(
+            f"| {r['split']} | {'/'.join(map(str, r['blocks']))} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | "
+            f"{r['measured_ms'] / r['predicted_ms'] - 1:+.1%} |"
+        )
+    even, chosen = case["rows"]
+    lines.append("")
+    lines.append(
+        f"Chosen against even: predicted {chosen['predicted_ms'] / even['predicted_ms'] - 1:+.1%}, measured {chosen['measured_ms'] / even['measured_ms'] - 1:+.1%}."
+    )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(cases: list[dict], args: argparse.Namespace) -> str:
     lines = [
         f"32-block decoder, hidden 4096, sequence 4096, p={args.devices}, m={args.microbatches}; every split solved by "
@@ -125,7 +223,22 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=32)
     parser.add_argument("--output", type=Path, default=RESULTS / "balance")
+    parser.add_argument("--example", action="store_true", help="only the example model measured on gloo ranks")
+    parser.add_argument("--example-model", default="example:layers=6,hidden=64,heads=2,vocab=16384,seq_len=32,batch_size=2")
+    parser.add_argument("--example-devices", type=int, default=2)
+    parser.add_argument("--example-microbatches", type=int, default=8)
+    parser.add_argument("--example-time-limit", type=float, default=10.0)
+    parser.add_argument("--example-steps", type=int, default=8)
     args = parser.parse_args()
+    if args.example:
+        with tempfile.TemporaryDirectory() as folder:
+            case = example_case(args, Path(folder))
+        text = example_markdown(case)
+        print(text)
+        output = args.output.with_name(args.output.name + "-example")
+        output.with_suffix(".json").write_text(json.dumps(case, indent=1))
+        output.with_suffix(".md").write_text(text)
+        return
     cases = []
     for vocab in (int(v) for v in args.vocab.split(",")):
         for level in args.levels.split(","):
