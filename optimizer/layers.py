@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from optimizer.problem import MAX_STAGES, MAX_VALUE, Duration, StageMemory, _Strict
+from optimizer.problem import MAX_STAGES, MAX_VALUE, Duration, StageMemory, _Strict, check_deltas_sum_to_zero
 
 FORMAT = "pipesched.layers"
 VERSION = 1
@@ -47,10 +47,7 @@ class Layer(_Strict):
 
     @model_validator(mode="after")
     def _deltas_sum_to_zero(self) -> Layer:
-        m = self.memory
-        total = m.forward + m.backward_input + m.backward_weight
-        if abs(total) > 1e-6 * max(1.0, abs(m.forward)):
-            raise ValueError(f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})")
+        check_deltas_sum_to_zero(self.memory)
         return self
 
 

@@ -84,11 +84,15 @@ class Stage(_Strict):
 
     @model_validator(mode="after")
     def _deltas_sum_to_zero(self) -> Stage:
-        m = self.memory
-        total = m.forward + m.backward_input + m.backward_weight
-        if abs(total) > _SUM_TOLERANCE * max(1.0, abs(m.forward)):
-            raise ValueError(f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})")
+        check_deltas_sum_to_zero(self.memory)
         return self
+
+
+def check_deltas_sum_to_zero(memory: StageMemory) -> None:
+    """Raise ValueError unless F's, B's and W's memory changes sum to zero (within _SUM_TOLERANCE)."""
+    total = memory.forward + memory.backward_input + memory.backward_weight
+    if abs(total) > _SUM_TOLERANCE * max(1.0, abs(memory.forward)):
+        raise ValueError(f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})")
 
 
 class Slice(_Strict):

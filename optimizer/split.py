@@ -95,28 +95,10 @@ def stage_payload(profile: LayersProfile, layers: range, device: int) -> dict:
     return stage
 
 
-def split_problem(
-    profile: LayersProfile,
-    placement: Placement,
-    split: Sequence[int],
-    num_microbatches: int,
-    memory_limit: float | None = None,
+def _problem(
+    profile: LayersProfile, placement: Placement, split: Sequence[int], num_microbatches: int, limits: list[float] | None
 ) -> Problem:
-    """The scheduling problem of `split`; SplitInfeasible when no schedule can fit the limit."""
-    check_split(profile, placement, split)
     stages = [stage_payload(profile, layers, placement.device_of[s]) for s, layers in enumerate(stage_ranges(split))]
-    limits = None
-    if memory_limit is not None:
-        held = fixed_memory(profile, placement, split)
-        need = memory_need(profile, placement, split)
-        worst = max(range(placement.num_devices), key=lambda d: need[d])
-        if need[worst] > memory_limit * (1 + 1e-9):
-            raise SplitInfeasible(
-                f"memory_limit: device {worst} needs {need[worst]:g} ({held[worst]:g} of parameters and one "
-                f"microbatch's activations), more than {memory_limit:g}",
-                need[worst],
-            )
-        limits = [memory_limit - h for h in held]
     data = {
         "num_devices": placement.num_devices,
         "num_microbatches": num_microbatches,
@@ -127,6 +109,30 @@ def split_problem(
     return validate_model(Problem, data, "split")
 
 
+def split_problem(
+    profile: LayersProfile,
+    placement: Placement,
+    split: Sequence[int],
+    num_microbatches: int,
+    memory_limit: float | None = None,
+) -> Problem:
+    """The scheduling problem of `split`; SplitInfeasible when no schedule can fit the limit."""
+    check_split(profile, placement, split)
+    unlimited = _problem(profile, placement, split, num_microbatches, None)
+    if memory_limit is None:
+        return unlimited
+    held = fixed_memory(profile, placement, split)
+    need = [h + least for h, least in zip(held, unlimited.min_memory_limit())]
+    worst = max(range(placement.num_devices), key=lambda d: need[d])
+    if need[worst] > memory_limit * (1 + 1e-9):
+        raise SplitInfeasible(
+            f"memory_limit: device {worst} needs {need[worst]:g} ({held[worst]:g} of parameters and one "
+            f"microbatch's activations), more than {memory_limit:g}",
+            need[worst],
+        )
+    return _problem(profile, placement, split, num_microbatches, [memory_limit - h for h in held])
+
+
 def memory_need(profile: LayersProfile, placement: Placement, split: Sequence[int]) -> list[float]:
     """Per device, the least memory limit under which any schedule of `split` exists.
 
@@ -134,12 +140,7 @@ def memory_need(profile: LayersProfile, placement: Placement, split: Sequence[in
     schedule needs: Problem.min_memory_limit).
     """
     check_split(profile, placement, split)
-    stages = [stage_payload(profile, layers, placement.device_of[s]) for s, layers in enumerate(stage_ranges(split))]
-    unlimited = validate_model(
-        Problem,
-        {"num_devices": placement.num_devices, "num_microbatches": 1, "stages": stages, "comm_time": profile.comm_time},
-        "split",
-    )
+    unlimited = _problem(profile, placement, split, 1, None)
     return [held + need for held, need in zip(fixed_memory(profile, placement, split), unlimited.min_memory_limit())]
 
 
@@ -160,7 +161,7 @@ def layer_work(profile: LayersProfile) -> list[float]:
 # ------------------------------------------------------------------------------ candidates
 
 
-def _spread(total: int, slots: int) -> list[int]:
+def spread_evenly(total: int, slots: int) -> list[int]:
     """`total` items over `slots` as evenly as possible, the extra ones in the middle slots."""
     base, extra = divmod(total, slots)
     counts = [base] * slots
@@ -186,7 +187,7 @@ def _block_counts_to_split(profile: LayersProfile, blocks_per_stage: Sequence[in
 def even_split(profile: LayersProfile, num_stages: int) -> Split:
     """The same number of transformer blocks on every stage; embedding first, head last."""
     blocks = sum(1 for layer in profile.layers if layer.kind == "block")
-    split = _block_counts_to_split(profile, _spread(blocks, num_stages))
+    split = _block_counts_to_split(profile, spread_evenly(blocks, num_stages))
     if split is None:
         raise InputError(f"layers: {profile.num_layers} layers cannot fill {num_stages} stages (one layer each at least)")
     return split
@@ -207,7 +208,7 @@ def fewer_at_ends_split(profile: LayersProfile, num_stages: int, first: int, las
     middle_total = blocks - max(0, b - first) - max(0, b - last)
     if middle_total < num_stages - 2:
         return None
-    counts = [max(0, b - first)] + _spread(middle_total, num_stages - 2) + [max(0, b - last)]
+    counts = [max(0, b - first)] + spread_evenly(middle_total, num_stages - 2) + [max(0, b - last)]
     return _block_counts_to_split(profile, counts)
 
 

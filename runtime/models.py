@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from optimizer.errors import InputError
 from optimizer.formats.example_split import blocks_per_stage
 from optimizer.problem import Problem, load_problem
+from optimizer.split import spread_evenly
 from runtime.slicing import SliceCache, causal_mask
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -153,12 +154,7 @@ def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def even_split(layers: int, num_stages: int) -> list[int]:
     """Layers per stage as even as possible; the extra layers go to the middle stages,
     since the first and last stages already carry the embeddings and the head."""
-    base, extra = divmod(layers, num_stages)
-    counts = [base] * num_stages
-    middle_first = sorted(range(num_stages), key=lambda s: (s in (0, num_stages - 1), abs(s - (num_stages - 1) / 2)))
-    for s in middle_first[:extra]:
-        counts[s] += 1
-    return counts
+    return spread_evenly(layers, num_stages)
 
 
 def build_example(config: GPTConfig, num_stages: int, split: list[int] | None = None) -> PipelineModel:
