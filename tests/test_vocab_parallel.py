@@ -276,3 +276,12 @@ def test_least_memory_limit_counts_one_pass_and_is_reachable():
     tight = problem_from_json({**problem.to_json(), "memory_limit": 2.5})
     schedule = solve(tight, "auto", SolveOptions(time_limit=3.0, threads=1))
     assert validate(tight, schedule.devices) == [] and schedule.fits_memory()
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".html", ".trace.json"])
+def test_pictures_and_traces_show_the_passes(tmp_path, suffix):
+    from optimizer.formats.choose import choose_format
+
+    schedule = generate(with_vocab(uniform_problem(2, 3, placement="vshape")), "v-half")
+    text = choose_format(f"s{suffix}").write(schedule)
+    assert "shard" in text and text.count("shard") >= 2 * 2 * 3  # every pass named by its shard
