@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
+from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ def _vocab_dependencies(kind: str, stage: int, mb: int, num_stages: int, vocab: 
     if kind == "S":
         return (_new(Op, (_F, last, mb, 0)),)
     if kind == "T":
-        return tuple(_new(Op, (_S, d, mb, 0)) for d in range(vocab.num_devices))
+        return _every_shard(_S, mb, vocab.num_devices)
     if kind == "F":
         return (_new(Op, (_F, stage - 1, mb, 0)),) if stage > 0 else ()
     if kind == "W":
@@ -208,4 +209,10 @@ def _vocab_dependencies(kind: str, stage: int, mb: int, num_stages: int, vocab: 
     if stage < last:
         return (_new(Op, (_B, stage + 1, mb, 0)),)
     passes = _S if vocab.barriers == 1 else _T
-    return (_new(Op, (_F, stage, mb, 0)),) + tuple(_new(Op, (passes, d, mb, 0)) for d in range(vocab.num_devices))
+    return (_new(Op, (_F, stage, mb, 0)),) + _every_shard(passes, mb, vocab.num_devices)
+
+
+@lru_cache(maxsize=1 << 14)
+def _every_shard(kind: str, mb: int, num_devices: int) -> tuple[Op, ...]:
+    """Every shard's pass of a microbatch: built once, asked for by every device (hot loop)."""
+    return tuple(_new(Op, (kind, d, mb, 0)) for d in range(num_devices))
