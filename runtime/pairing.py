@@ -61,10 +61,10 @@ def pairing_deadlock(plans: list[RankPlan]) -> str | None:
         moved = False
         for rank, plan in enumerate(plans):
             while head[rank] < len(plan.ops):
-                receive, send = transfers[rank][head[rank]].receive, transfers[rank][head[rank]].send
+                receive = transfers[rank][head[rank]].receive
                 if receive is not None and receive.tag not in done:
                     break
-                if send is not None:
+                for send in transfers[rank][head[rank]].sends:
                     issue(rank, orders[rank].produced(send))
                 head[rank] += 1
                 moved = True

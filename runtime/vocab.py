@@ -142,12 +142,16 @@ def backward_one(h: torch.Tensor, logits: torch.Tensor, local: torch.Tensor, sta
 
 
 class VocabShard(nn.Module):
-    """One device's rows of the token embedding and of the output layer (bias-free)."""
+    """One device's rows of the token embedding and of the output layer (bias-free).
 
-    def __init__(self, embedding: torch.Tensor, head: torch.Tensor, bounds: tuple[int, int]):
+    `names`: the full weights' names in the model's first and last stage (for `--check`).
+    """
+
+    def __init__(self, embedding: torch.Tensor, head: torch.Tensor, bounds: tuple[int, int], names: tuple[str, str] = ("", "")):
         super().__init__()
         start, end = bounds
         self.bounds = bounds
+        self.names = names
         self.embedding = nn.Parameter(embedding[start:end].detach().clone())
         self.head = nn.Parameter(head[start:end].detach().clone())
 
