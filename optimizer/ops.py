@@ -10,10 +10,20 @@ Slice k of a stage's forward and input-gradient backward takes cost_k x the stag
 tokens); its memory deltas are share_k x the stage's. The fused backward BW of slice k
 takes the stage's fused time scaled by the same mix as its split parts, so that fusing
 saves the same fraction on every slice.
+
+Vocabulary parallelism (Problem.vocab_parallel): the output layer is sharded over all
+devices, and every device runs two passes of its shard per microbatch, S and T. A
+vocabulary op is (S or T, shard, microbatch): its `stage` field holds the shard, which is
+the device that runs it. S follows the last stage's F (its output goes to every device);
+T follows every device's S (a collective, the first barrier); the last stage's backward
+follows every device's T with two barriers, every device's S with one (the collective
+after S then carries the input gradient). S allocates the pass's memory at its start, T
+frees it at its end.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -28,14 +38,20 @@ class Kind(StrEnum):
     B = "B"  # input gradient (the split backward's first half)
     W = "W"  # weight gradient (the split backward's second half)
     BW = "BW"  # fused backward: B and W in one op
+    S = "S"  # vocabulary pass after the forward: shard logits and softmax statistics
+    T = "T"  # vocabulary pass after the first collective: shard gradients
 
 
-KINDS: tuple[Kind, ...] = (Kind.F, Kind.B, Kind.W, Kind.BW)
+KINDS: tuple[Kind, ...] = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.S, Kind.T)
+STAGE_KINDS: tuple[Kind, ...] = (Kind.F, Kind.B, Kind.W, Kind.BW)
+VOCAB_KINDS: tuple[str, ...] = (Kind.S, Kind.T)
+ALLOCATE_AT_START: tuple[str, ...] = (Kind.F, Kind.S)  # memory changes at the start; the others at the end
 SPLIT_KINDS: tuple[str, ...] = (Kind.F, Kind.B, Kind.W)  # a schedule whose backwards are all split; str: dict keys with "F"
 
 
 class Op(NamedTuple):
-    """One unit of work: a forward, input-gradient, weight-gradient or fused backward."""
+    """One unit of work: a forward, input-gradient, weight-gradient or fused backward of a
+    stage, or a vocabulary pass (S, T) of a shard (then `stage` is the shard: see the module doc)."""
 
     kind: str
     stage: int
@@ -43,7 +59,8 @@ class Op(NamedTuple):
     slice: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kind}(stage {self.stage}, mb {_microbatch_label(self.microbatch, self.slice)})"
+        where = "shard" if self.kind in VOCAB_KINDS else "stage"
+        return f"{self.kind}({where} {self.stage}, mb {_microbatch_label(self.microbatch, self.slice)})"
 
 
 class TimedOp(NamedTuple):
@@ -73,8 +90,35 @@ def op_label(op: Op | TimedOp, num_slices: int) -> str:
     return f"{op.microbatch}.{op.slice}" if num_slices > 1 else str(op.microbatch)
 
 
+class VocabRule(NamedTuple):
+    """What the dependency rule needs of vocabulary parallelism: devices and barriers (1 or 2)."""
+
+    num_devices: int
+    barriers: int
+
+
+def op_device(device_of: Sequence[int], op: Op | TimedOp) -> int:
+    """The device an op runs on: its stage's, or its shard for a vocabulary pass."""
+    return op.stage if op.kind in VOCAB_KINDS else device_of[op.stage]
+
+
+def transfer_delay(key: Op, device: int, device_of: Sequence[int], comm: float, barrier: float) -> float:
+    """Time between a dependency's end and the op on `device` that waits for it.
+
+    A vocabulary pass's end reaches others through a collective (`barrier`, even on its
+    own device); any other op's output crosses devices in `comm`.
+    """
+    if key[0] in VOCAB_KINDS:
+        return barrier
+    return comm if device_of[key[1]] != device else 0
+
+
 def op_duration(tables: Tables, kind: str, stage: int, slice: int = 0) -> float:
     """How long an op lasts (see the module docstring for slices)."""
+    if kind == "S":
+        return tables.vocab_forward
+    if kind == "T":
+        return tables.vocab_backward
     if kind == "F":
         return tables.forward[stage] * tables.slice_cost[slice]
     if kind == "B":
@@ -87,7 +131,11 @@ def op_duration(tables: Tables, kind: str, stage: int, slice: int = 0) -> float:
 
 
 def op_memory(tables: Tables, kind: str, stage: int, slice: int = 0) -> float:
-    """The memory change an op makes (F at its start, the others at their end)."""
+    """The memory change an op makes (F and S at their start, the others at their end)."""
+    if kind == "S":
+        return tables.vocab_memory
+    if kind == "T":
+        return -tables.vocab_memory
     share = tables.slice_share[slice]
     if kind == "F":
         return tables.mem_forward[stage] * share
@@ -101,32 +149,36 @@ def op_memory(tables: Tables, kind: str, stage: int, slice: int = 0) -> float:
 # Dependency keys are built in the simulator's inner loop: tuple.__new__ skips the named
 # tuple's argument handling (about 5x faster than Op(...)), and the kinds are looked up once.
 _new = tuple.__new__
-_F, _B = Kind.F, Kind.B
+_F, _B, _S, _T = Kind.F, Kind.B, Kind.S, Kind.T
 
 
 def completion_key(op: Op | TimedOp) -> Op | None:
     """The key under which an op's end is what others wait for: F as F, B and BW as "B".
 
-    W ends nothing any other op waits for: None.
+    W ends nothing any other op waits for: None. A vocabulary pass as itself.
     """
     kind = op.kind
     if kind == "F":
         return _new(Op, (_F, op.stage, op.microbatch, op.slice))
     if kind == "B" or kind == "BW":
         return _new(Op, (_B, op.stage, op.microbatch, op.slice))
+    if kind == "S" or kind == "T":
+        return _new(Op, (op.kind, op.stage, op.microbatch, 0))
     return None
 
 
-def dependencies(op: Op | TimedOp, num_stages: int, num_slices: int = 1) -> tuple[Op, ...]:
+def dependencies(op: Op | TimedOp, num_stages: int, num_slices: int = 1, vocab: VocabRule | None = None) -> tuple[Op, ...]:
     """What must end before `op` may start, as completion keys (see `completion_key`).
 
     "B" stands for the stage's backward, whether split (B) or fused (BW). With slices:
     a forward also waits for the previous slice's forward on its stage (attention reads
     the earlier slices' keys and values); a backward also waits for the next slice's
     backward on its stage (the later slices' attention sends gradients to this slice's
-    keys and values).
+    keys and values). With vocabulary parallelism (`vocab`), see the module doc.
     """
     kind, stage, mb = op.kind, op.stage, op.microbatch
+    if vocab is not None:
+        return _vocab_dependencies(kind, stage, mb, num_stages, vocab)
     if num_slices == 1:  # the fast path: one dependency at most
         if kind == "F":
             return (_new(Op, (_F, stage - 1, mb, 0)),) if stage > 0 else ()
@@ -141,3 +193,19 @@ def dependencies(op: Op | TimedOp, num_stages: int, num_slices: int = 1) -> tupl
         return (_new(Op, (_B, stage, mb, k)),)
     first = _new(Op, (_B, stage + 1, mb, k)) if stage < num_stages - 1 else _new(Op, (_F, stage, mb, k))
     return (first, _new(Op, (_B, stage, mb, k + 1))) if k < num_slices - 1 else (first,)
+
+
+def _vocab_dependencies(kind: str, stage: int, mb: int, num_stages: int, vocab: VocabRule) -> tuple[Op, ...]:
+    last = num_stages - 1
+    if kind == "S":
+        return (_new(Op, (_F, last, mb, 0)),)
+    if kind == "T":
+        return tuple(_new(Op, (_S, d, mb, 0)) for d in range(vocab.num_devices))
+    if kind == "F":
+        return (_new(Op, (_F, stage - 1, mb, 0)),) if stage > 0 else ()
+    if kind == "W":
+        return (_new(Op, (_B, stage, mb, 0)),)
+    if stage < last:
+        return (_new(Op, (_B, stage + 1, mb, 0)),)
+    passes = _S if vocab.barriers == 1 else _T
+    return (_new(Op, (_F, stage, mb, 0)),) + tuple(_new(Op, (passes, d, mb, 0)) for d in range(vocab.num_devices))

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from optimizer.errors import InputError
+from optimizer.ops import VocabRule
 
 # Memory deltas must sum to zero per stage; the slack is relative to the allocation so
 # that values profiled in bytes and values in activation units both pass.
@@ -106,6 +107,22 @@ class Slice(_Strict):
     cost: Annotated[float, Field(gt=0, le=1)]
 
 
+class VocabParallel(_Strict):
+    """The output layer sharded by vocabulary over all devices (optimizer/ops.py, README).
+
+    Per microbatch every device runs an S pass (`forward`) and a T pass (`backward`) of its
+    shard; `memory` is held from S's start to T's end; each collective between the passes
+    takes `barrier_time`; `barriers` is 2 (statistics, then input gradient) or 1 (one
+    collective after S carries both).
+    """
+
+    barriers: Literal[1, 2] = 2
+    forward: Duration
+    backward: Duration
+    memory: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
+    barrier_time: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
+
+
 # Shares and costs are fractions a user or a cost model rounds; they must sum to 1 within
 # this (absolute) slack, far above float rounding of a few thousand terms (1e-12) and far
 # below any meaningful share.
@@ -128,6 +145,12 @@ class Tables:
     backward: tuple[float, ...] = ()  # fused backward (BW) time per stage
     slice_share: tuple[float, ...] = (1.0,)  # per slice: its share of tokens (W time, memory)
     slice_cost: tuple[float, ...] = (1.0,)  # per slice: its share of F and B time
+    # Vocabulary parallelism (ops S and T on every device); barriers 0: none.
+    vocab_barriers: int = 0
+    vocab_forward: float = 0.0
+    vocab_backward: float = 0.0
+    vocab_memory: float = 0.0
+    barrier_time: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.backward:
@@ -137,6 +160,14 @@ class Tables:
     @property
     def num_slices(self) -> int:
         return len(self.slice_share)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.limit)
+
+    def vocab_rule(self) -> VocabRule | None:
+        """The dependency rule's view of vocabulary parallelism, None without it."""
+        return VocabRule(self.num_devices, self.vocab_barriers) if self.vocab_barriers else None
 
 
 class Problem(_Strict):
@@ -149,6 +180,7 @@ class Problem(_Strict):
     memory_limit: Limit | list[Limit] | None = None
     num_slices: Count = 1
     slices: list[Slice] | None = None  # None: even slices (share = cost = 1 / num_slices)
+    vocab_parallel: VocabParallel | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -161,6 +193,7 @@ class Problem(_Strict):
                 len(stages) if isinstance(stages, list) else None,
                 data.get("num_microbatches"),
                 data.get("num_slices", 1),
+                data.get("vocab_parallel") is not None,
             )
         return data
 
@@ -182,6 +215,14 @@ class Problem(_Strict):
                 raise ValueError(
                     f"memory_limit: device {stage.device} limit {limit:g} is below one forward of stage {s} ({stage.memory.forward:g})"
                 )
+        if self.vocab_parallel is not None:
+            if self.num_slices > 1:
+                raise ValueError("vocab_parallel: vocabulary parallelism with token slices (num_slices > 1) is not supported")
+            for d in range(p):
+                if self.vocab_parallel.memory > self.device_limit(d):
+                    raise ValueError(
+                        f"memory_limit: device {d} limit {self.device_limit(d):g} is below one vocabulary pass ({self.vocab_parallel.memory:g})"
+                    )
         if self.slices is not None:
             if len(self.slices) != self.num_slices:
                 raise ValueError(f"slices: {len(self.slices)} slices listed, num_slices is {self.num_slices}")
@@ -219,6 +260,7 @@ class Problem(_Strict):
 
     def tables(self) -> Tables:
         st = self.stages
+        vocab = self.vocab_parallel
         return Tables(
             device=tuple(s.device for s in st),
             forward=tuple(s.forward for s in st),
@@ -231,7 +273,28 @@ class Problem(_Strict):
             backward=tuple(s.fused_backward() for s in st),
             slice_share=self.slice_shares(),
             slice_cost=self.slice_costs(),
+            vocab_barriers=vocab.barriers if vocab else 0,
+            vocab_forward=vocab.forward if vocab else 0.0,
+            vocab_backward=vocab.backward if vocab else 0.0,
+            vocab_memory=vocab.memory if vocab else 0.0,
+            barrier_time=vocab.barrier_time if vocab else 0.0,
         )
+
+    def vocab_rule(self) -> VocabRule | None:
+        """The dependency rule's view of vocabulary parallelism (optimizer.ops), None without it."""
+        return VocabRule(self.num_devices, self.vocab_parallel.barriers) if self.vocab_parallel else None
+
+    def without_vocab(self) -> Problem:
+        """The same problem without the vocabulary passes: a relaxation (fewer ops, fewer
+        dependencies, less memory), so its lower bounds hold for this problem."""
+        return self.model_copy(update={"vocab_parallel": None})
+
+    @property
+    def num_ops(self) -> int:
+        """Ops of a complete schedule with split backwards: F, B, W per stage, microbatch and
+        slice, and S, T per device and microbatch with vocabulary parallelism."""
+        vocab = 2 * self.num_devices * self.num_microbatches if self.vocab_parallel else 0
+        return 3 * self.num_stages * self.num_microbatches * self.num_slices + vocab
 
     def slice_shares(self) -> tuple[float, ...]:
         if self.slices is None:
@@ -254,6 +317,8 @@ class Problem(_Strict):
             del data["num_slices"]
         if data["slices"] is None:
             del data["slices"]
+        if data["vocab_parallel"] is None:
+            del data["vocab_parallel"]
         for stage in data["stages"]:
             for optional in ("backward", "layers"):
                 if stage[optional] is None:
@@ -288,6 +353,11 @@ def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
     shares = tables.slice_share
     slices = range(len(shares))
     steps = [(tables.mem_forward[s] * shares[k], 0.0) for s in stages for k in slices]
+    if tables.vocab_barriers:
+        # A device's S of the microbatch follows all its F's and precedes all its B's (they
+        # wait for the last stage's backward, which waits for every S); its T may come
+        # right after it, before any B, which is the least it can hold.
+        steps.append((tables.vocab_memory, -tables.vocab_memory))
     steps += [
         (tables.mem_backward_input[s] * shares[k], tables.mem_backward_weight[s] * shares[k])
         for s in reversed(stages)
@@ -300,7 +370,7 @@ def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
     return peaks
 
 
-def check_size(devices: object, stages: object, microbatches: object, slices: object = 1) -> None:
+def check_size(devices: object, stages: object, microbatches: object, slices: object = 1, vocab: bool = False) -> None:
     """Raise ValueError naming the size when it is beyond the size contract (see MAX_OPS)."""
     counts = {"num_devices": (devices, MAX_DEVICES), "num_microbatches": (microbatches, MAX_MICROBATCHES), "stages": (stages, MAX_STAGES)}
     known = {name: value for name, (value, _) in counts.items() if isinstance(value, int) and not isinstance(value, bool)}
@@ -311,10 +381,14 @@ def check_size(devices: object, stages: object, microbatches: object, slices: ob
     if "stages" in known and "num_microbatches" in known:
         k = slices if isinstance(slices, int) and not isinstance(slices, bool) and slices > 1 else 1
         ops = 3 * known["stages"] * known["num_microbatches"] * k
+        passes = ""
+        if vocab and "num_devices" in known:
+            ops += 2 * known["num_devices"] * known["num_microbatches"]
+            passes = f" + 2 x {known['num_devices']} devices x {known['num_microbatches']} microbatches"
         if ops > MAX_OPS:
             sliced = f" x {k} slices" if k > 1 else ""
             raise ValueError(
-                f"size: 3 x {known['stages']} stages x {known['num_microbatches']} microbatches{sliced} = {ops} ops "
+                f"size: 3 x {known['stages']} stages x {known['num_microbatches']} microbatches{sliced}{passes} = {ops} ops "
                 f"is more than the {MAX_OPS} pipesched takes (README, Size limits)"
             )
 

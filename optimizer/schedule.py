@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from optimizer.errors import ScheduleError
-from optimizer.ops import KINDS, Op, TimedOp, op_duration, op_memory
+from optimizer.ops import ALLOCATE_AT_START, KINDS, Op, TimedOp, op_duration, op_memory
 from optimizer.problem import Problem, Tables
 
 # Names other modules have long imported from here.
@@ -39,7 +39,7 @@ def memory_curve(tables: Tables, ops: Sequence[TimedOp]) -> list[tuple[float, fl
     points = [(ops[0].start if ops else 0.0, 0.0)]
     for op in ops:
         usage += op_memory(tables, op.kind, op.stage, op.slice)
-        points.append((op.start if op.kind == "F" else op.end, usage))
+        points.append((op.start if op.kind in ALLOCATE_AT_START else op.end, usage))
     return points
 
 

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from optimizer.errors import DeadlockError, InputError
-from optimizer.ops import KINDS, Op, TimedOp, completion_key, dependencies, op_duration
+from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, completion_key, dependencies, op_device, op_duration
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 
@@ -30,6 +30,12 @@ def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
     device_of = [stage.device for stage in problem.stages]
     for d, ops in enumerate(orders):
         for op in ops:
+            if op.kind in VOCAB_KINDS:
+                if problem.vocab_parallel is None:
+                    raise InputError(f"device {d}: {op} is a vocabulary pass, and the problem has no vocab_parallel")
+                if op.stage != d or op.microbatch not in range(problem.num_microbatches) or op.slice != 0:
+                    raise InputError(f"device {d}: {op} is not a vocabulary pass of this device")
+                continue
             if not 0 <= op.stage < problem.num_stages:
                 raise InputError(f"device {d}: {op} names a stage out of range")
             if not 0 <= op.microbatch < problem.num_microbatches:
@@ -37,7 +43,7 @@ def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
             if not 0 <= op.slice < problem.num_slices:
                 raise InputError(f"device {d}: {op} names a slice out of range")
             if device_of[op.stage] != d:
-                raise InputError(f"device {d}: {op} belongs on device {device_of[op.stage]}")
+                raise InputError(f"device {d}: {op} belongs on device {op_device(device_of, op)}")
 
 
 def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[TimedOp]]:
@@ -46,9 +52,12 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[lis
     tables = problem.tables()
     num_stages, num_slices, comm = problem.num_stages, problem.num_slices, problem.comm_time
     device_of = tables.device
-    # Durations by kind, stage and slice, looked up rather than computed per op (hot loop).
+    vocab, barrier = tables.vocab_rule(), tables.barrier_time
+    # Durations by kind, stage (a vocabulary pass: shard) and slice, looked up rather than
+    # computed per op (hot loop).
+    rows = {kind: problem.num_devices if kind in VOCAB_KINDS else num_stages for kind in KINDS}
     duration: dict[str, list[list[float]]] = {
-        kind: [[op_duration(tables, kind, stage, k) for k in range(num_slices)] for stage in range(num_stages)] for kind in KINDS
+        kind: [[op_duration(tables, kind, stage, k) for k in range(num_slices)] for stage in range(rows[kind])] for kind in KINDS
     }
     ended: dict[Op, float] = {}
     waiting: dict[Op, list[int]] = defaultdict(list)
@@ -64,12 +73,14 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[lis
         while head[d] < n:
             op = ops[head[d]]
             start = free_at[d]
-            for key in dependencies(op, num_stages, num_slices):
+            for key in dependencies(op, num_stages, num_slices, vocab):
                 dep_end = ended.get(key)
                 if dep_end is None:
                     waiting[key].append(d)
                     break
-                if device_of[key[1]] != d:
+                if vocab is not None and key[0] in VOCAB_KINDS:
+                    dep_end += barrier  # a collective, even from this device
+                elif device_of[key[1]] != d:
                     dep_end += comm
                 if dep_end > start:
                     start = dep_end

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from optimizer.ops import KINDS, Op, TimedOp, dependencies, op_duration, op_memory
+from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, dependencies, op_device, op_duration, op_memory, transfer_delay
 from optimizer.problem import Problem
 
 # Times are floats from the user's units; sums of a few thousand durations carry
@@ -28,6 +28,7 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
     """Every rule the timed schedule breaks; an empty list means it is valid."""
     p, num_stages, m, num_slices = problem.num_devices, problem.num_stages, problem.num_microbatches, problem.num_slices
     tables = problem.tables()
+    vocab = problem.vocab_rule()
     violations: list[str] = []
     if len(devices) != p:
         return [f"devices: schedule has {len(devices)} devices, the problem {p}"]
@@ -39,15 +40,29 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
             if op.kind not in KINDS:
                 violations.append(f"device {d}: unknown op kind {op.kind!r}")
                 continue
-            if not (0 <= op.stage < num_stages and 0 <= op.microbatch < m and 0 <= op.slice < num_slices):
+            if op.kind in VOCAB_KINDS:
+                if vocab is None:
+                    violations.append(f"device {d}: {op.op} is a vocabulary pass, and the problem has no vocab_parallel")
+                    continue
+                if not (0 <= op.stage < p and 0 <= op.microbatch < m and op.slice == 0):
+                    violations.append(f"device {d}: {op.op} is out of range ({p} shards, {m} microbatches)")
+                    continue
+            elif not (0 <= op.stage < num_stages and 0 <= op.microbatch < m and 0 <= op.slice < num_slices):
                 sliced = f", {num_slices} slices" if num_slices > 1 or op.slice != 0 else ""
                 violations.append(f"device {d}: {op.op} is out of range ({num_stages} stages, {m} microbatches{sliced})")
                 continue
-            if tables.device[op.stage] != d:
-                violations.append(f"placement: {op.op} runs on device {d}, its stage is on device {tables.device[op.stage]}")
+            home = op_device(tables.device, op)
+            if home != d:
+                violations.append(
+                    f"placement: {op.op} runs on device {d}, its {'shard' if op.kind in VOCAB_KINDS else 'stage'} is on device {home}"
+                )
             counts[op.op] += 1
             ends[op.op] = op.end
     violations += _completeness(counts, num_stages, m, num_slices)
+    if vocab is not None:
+        violations += [
+            f"missing: {Op(kind, d, mb)}" for kind in VOCAB_KINDS for d in range(p) for mb in range(m) if counts[Op(kind, d, mb)] == 0
+        ]
     if violations:
         return violations  # timing checks on a malformed schedule would only add noise
 
@@ -63,9 +78,9 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
                 violations.append(f"duration: {op.op} on device {d} lasts {op.end - op.start:g}, expected {expected:g}")
             if previous is not None and op.start < previous.end - _slack(previous.end):
                 violations.append(f"overlap: {op.op} starts at {op.start:g} on device {d} before {previous.op} ends at {previous.end:g}")
-            for key in dependencies(op, num_stages, num_slices):
+            for key in dependencies(op, num_stages, num_slices, vocab):
                 dep_op = _dependency_op(key, ends)
-                ready = ends[dep_op] + (problem.comm_time if tables.device[dep_op.stage] != d else 0.0)
+                ready = ends[dep_op] + transfer_delay(dep_op, d, tables.device, problem.comm_time, tables.barrier_time)
                 if op.start < ready - _slack(ready):
                     violations.append(f"dependency: {op.op} starts at {op.start:g}, before {dep_op} is available at {ready:g}")
             usage += op_memory(tables, op.kind, op.stage, op.slice)
@@ -83,7 +98,7 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
 
 def _dependency_op(key: Op, ends: dict[Op, float]) -> Op:
     """The op a dependency key names: "B" is the split B when present, else the fused BW."""
-    if key.kind == "F":
+    if key.kind != "B":
         return key
     split = Op("B", key.stage, key.microbatch, key.slice)
     return split if split in ends else Op("BW", key.stage, key.microbatch, key.slice)

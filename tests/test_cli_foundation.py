@@ -159,10 +159,10 @@ def test_schedule_of_another_format_is_refused(tmp_path):
     result = invoke("validate", path)
     assert result.exit_code == 2
     assert "not a pipesched schedule (format is 'something.else'" in one_error_line(result)
-    path = write(tmp_path, "v3.json", {"format": "pipesched.schedule", "version": 3})
+    path = write(tmp_path, "v4.json", {"format": "pipesched.schedule", "version": 4})
     result = invoke("show", path, "--output", tmp_path / "x.svg")
     assert result.exit_code == 2
-    assert "version 3 is not supported" in one_error_line(result)
+    assert "version 4 is not supported" in one_error_line(result)
     assert not (tmp_path / "x.svg").exists()
 
 

@@ -213,6 +213,9 @@ PLACEMENT_OF = {
     "terapipe": "vshape",
     "seq1f1b": "linear",
     "seq1f1b-zb": "linear",
+    "1f1b-vocab": "linear",
+    "zb-h1-vocab": "linear",
+    "v-half-vocab": "vshape",
 }
 
 
@@ -224,7 +227,7 @@ times = st.floats(min_value=0.1, max_value=3.0, allow_nan=False)
 
 
 @st.composite
-def heterogeneous(draw, placement: str, sliced: bool = False) -> Problem:
+def heterogeneous(draw, placement: str, sliced: bool = False, vocab: bool = False) -> Problem:
     p = draw(st.sampled_from([2, 3, 4, 8]))
     m = p * draw(st.integers(1, 4)) if placement.startswith("interleaved") else draw(st.integers(1, 3 * p))
     devices = placement_devices(placement, p)
@@ -243,6 +246,14 @@ def heterogeneous(draw, placement: str, sliced: bool = False) -> Problem:
     if sliced:  # the token-slice families: uneven shares, attention-like costs
         data["num_slices"] = k = draw(st.integers(2, 4))
         data["slices"] = random_slices(random.Random(draw(st.integers(0, 10**6))), k)
+    if vocab:  # vocabulary passes with random times, memory and collectives
+        data["vocab_parallel"] = {
+            "barriers": draw(st.sampled_from([1, 2])),
+            "forward": draw(times),
+            "backward": draw(times),
+            "memory": draw(st.sampled_from([0.0, 0.5])),
+            "barrier_time": draw(st.sampled_from([0.0, 0.1])),
+        }
     return Problem.model_validate(data)
 
 
@@ -251,7 +262,7 @@ def test_family_orders_are_valid_on_random_times(name):
     generator = GENERATORS[name]
 
     @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-    @given(heterogeneous(PLACEMENT_OF[name], generator.slices))
+    @given(heterogeneous(PLACEMENT_OF[name], generator.slices, generator.vocab_only))
     def check(problem):
         assume(generator.reason(problem) is None)  # Unsatisfiable if it never applies
         schedule = simulate(problem, generator.build(problem), method=name)

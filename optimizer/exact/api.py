@@ -48,7 +48,7 @@ def solve(
         raise InputError(f"objective: '{options.objective}' is not one of makespan, span")
     if options.time_limit <= 0:
         raise InputError(f"time_limit: must be positive, got {options.time_limit:g}")
-    ops = 3 * problem.num_stages * problem.num_microbatches * problem.num_slices
+    ops = problem.num_ops
     if method in WHOLE_MODEL_MAX_OPS and ops > WHOLE_MODEL_MAX_OPS[method]:
         raise InputError(
             f"method: {method} builds one model of all {ops} ops and keeps its time limit up to "

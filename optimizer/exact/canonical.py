@@ -11,8 +11,9 @@ Two facts make every solver's search space smaller without losing any schedule:
   BW never does, so under a tight limit only the fused backward fits: the choice is kept
   there too.
 * Microbatches are interchangeable. Call a *class* the ops of one kind, stage and slice
-  (B and BW together: the stage's backward). Every dependency links an op to an op of
-  one fixed other class with the same microbatch and slice. Take any valid timed
+  (B and BW together: the stage's backward), or of one vocabulary pass and shard. Every
+  dependency links an op to ops of fixed other classes with the same microbatch and
+  slice (a barrier: one in each shard's class; the argument below holds class by class). Take any valid timed
   schedule and, for each class, hand its k-th earliest slot to microbatch k (a slot
   keeps its kind and duration: BW stays BW). Every dependency still holds: by the time
   the k-th slot of a class starts, k ops of it have started, each after its own
@@ -77,7 +78,7 @@ def relabel_in_order(orders: Sequence[Sequence[Op]]) -> Orders:
             if op.kind == Kind.W:
                 microbatch = split_backwards[(op.stage, op.slice)].pop(0)
             else:
-                key = (Kind.F if op.kind == Kind.F else Kind.B, op.stage, op.slice)
+                key = (Kind.B if op.kind == Kind.BW else op.kind, op.stage, op.slice)
                 microbatch = seen.get(key, 0)
                 seen[key] = microbatch + 1
                 if op.kind == Kind.B:

@@ -21,7 +21,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from optimizer.exact.subproblem import SubProblem
-from optimizer.ops import Op
+from optimizer.ops import ALLOCATE_AT_START, Op
 
 
 @dataclass
@@ -125,9 +125,9 @@ def solve_cpsat_subproblem(
         limit = sub.limit[d]
         if limit is None:
             continue
-        # Memory changes at an F's start and at a B's or W's end; ops on one device never
+        # Memory changes at an F's (or S's) start and at the others' end; ops on one device never
         # overlap, so these events follow the device's order exactly.
-        times = [start[j] if sub.ops[j].kind == "F" else end[j] for j in ops_on[d]]
+        times = [start[j] if sub.ops[j].kind in ALLOCATE_AT_START else end[j] for j in ops_on[d]]
         changes = [sub.delta[j] for j in ops_on[d]]
         if max(changes, default=0) > 0:
             lowest = -sum(-c for c in changes if c < 0) - abs(sub.initial_memory[d]) - 1

@@ -49,5 +49,10 @@ def policies() -> list[Policy]:
 
 def list_schedule(problem: Problem, policy: Policy) -> list[list[Op]]:
     """Per-device orders built by the engine under `policy` (it never gets stuck at any
-    limit from problem.min_memory_limit() up)."""
+    limit from problem.min_memory_limit() up). With vocabulary parallelism, the engine orders the
+    problem without the passes and they are woven in (optimizer.schedules.vocab_passes)."""
+    if problem.vocab_parallel is not None:
+        from optimizer.schedules.vocab_passes import base_problem, with_vocab_passes
+
+        return with_vocab_passes(problem, listengine.schedule_with(base_problem(problem), policy.engine_policy())[0])
     return listengine.schedule_with(problem, policy.engine_policy())[0]

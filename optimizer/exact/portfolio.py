@@ -146,7 +146,7 @@ class Phase:
 
 
 def _small(problem: Problem, options: SolveOptions) -> bool:
-    return 3 * problem.num_stages * problem.num_microbatches * problem.num_slices <= FULL_MODEL_OPS
+    return problem.num_ops <= FULL_MODEL_OPS
 
 
 def _large(problem: Problem, options: SolveOptions) -> bool:
@@ -156,12 +156,16 @@ def _large(problem: Problem, options: SolveOptions) -> bool:
 def _large_unsliced(problem: Problem, options: SolveOptions) -> bool:
     # The periodic pattern knows one slice per microbatch; B then W is always allowed,
     # so it still applies where fusing could win (it just never fuses).
-    return _large(problem, options) and problem.num_slices == 1
+    # Nor vocabulary passes (their collectives tie every device to every microbatch).
+    return _large(problem, options) and problem.num_slices == 1 and problem.vocab_parallel is None
 
 
 def _relaxable(problem: Problem, options: SolveOptions) -> bool:
     # The relaxations time backwards as B then W and need one slice: where a fused
     # backward is shorter they run on the split relaxation (slicebounds), when there is one.
+    # With vocabulary passes they would bound the problem without them (valid, and weak).
+    if problem.vocab_parallel is not None:
+        return False
     relaxed = split_relaxation(problem)
     return relaxed is not None and devicebound.applicable(relaxed, objective=options.objective)
 

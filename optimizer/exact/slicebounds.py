@@ -24,6 +24,14 @@ argument is used here: leaving the memory limit out only relaxes further.
 
 Span: every device's busy time (with the relaxed durations) bounds its span.
 
+Vocabulary passes (S and T on every device): removing them leaves a relaxation (fewer
+ops, dependencies and memory), so every bound of the problem without them holds. On top,
+the passes join each device's one-machine problem: S of microbatch j starts no earlier
+than the last stage's F of j ends (plus the transfer), T no earlier than S ends plus the
+collective; after S comes at least the collective and T, and, when the last stage's
+backward waits for the passes, the collective(s), that backward and its own tail. The
+span: each device's busy time, passes included.
+
 Unsliced problems with a fused gain get more: `split_relaxation` writes the relaxed
 durations as a plain problem, on which all of optimizer.exact.bounds (memory included)
 and the device relaxations hold.
@@ -80,6 +88,8 @@ def split_relaxation(problem: Problem) -> Problem | None:
 
 def lower_bound(problem: Problem, objective: str = "makespan") -> LowerBound:
     """The valid lower bound for any problem (see the module doc)."""
+    if problem.vocab_parallel is not None:
+        return vocab_lower_bound(problem, objective)
     relaxed = split_relaxation(problem)
     if relaxed is problem:
         return unsliced_lower_bound(problem, objective)
@@ -199,6 +209,12 @@ def sliced_tails(problem: Problem) -> dict[str, Table]:
 
 def heads_and_tails_bound(problem: Problem) -> LowerBound:
     """The largest per-device preemptive one-machine bound with per-slice heads and tails."""
+    value = max(jackson_preemptive(device_jobs) for device_jobs in _stage_jobs(problem))
+    return LowerBound(value, "warm-up, work and cool-down per slice (heads and tails)")
+
+
+def _stage_jobs(problem: Problem) -> list[list[tuple[float, float, float]]]:
+    """Per device, (head, relaxed duration, tail) of every stage op."""
     dur = relaxed_durations(problem)
     head, tail = sliced_heads(problem), sliced_tails(problem)
     device = problem.tables().device
@@ -208,5 +224,35 @@ def heads_and_tails_bound(problem: Problem) -> LowerBound:
             for i in range(problem.num_microbatches):
                 for k in range(problem.num_slices):
                     jobs[device[s]].append((head[kind][s][i][k], dur[kind][s][k], tail[kind][s][i][k]))
+    return jobs
+
+
+def vocab_lower_bound(problem: Problem, objective: str = "makespan") -> LowerBound:
+    """The best of the bound without the passes and the device bounds with them (module doc)."""
+    stripped = problem.without_vocab()
+    without = lower_bound(stripped, objective)
+    t = problem.tables()
+    m, p, last = problem.num_microbatches, problem.num_devices, problem.num_stages - 1
+    passes = m * (t.vocab_forward + t.vocab_backward)
+    jobs = _stage_jobs(stripped)
+    work = [sum(duration for _, duration, _ in device_jobs) + passes for device_jobs in jobs]
+    busiest = max(work)
+    busy = LowerBound(busiest, f"busy time of device {work.index(busiest)}, vocabulary passes included")
+    best = busy if busy.value > without.value * (1 + 1e-12) else without
+    if objective == "span":
+        return best
+    head, tail, dur = sliced_heads(stripped), sliced_tails(stripped), relaxed_durations(stripped)
+    collective, s_time, t_time = t.barrier_time, t.vocab_forward, t.vocab_backward
+    for j in range(m):
+        forward_end = head[Kind.F][last][j][0] + dur[Kind.F][last][0]
+        backward_after = dur[Kind.B][last][0] + tail[Kind.B][last][j][0]  # the last stage's backward and what follows it
+        after_t = collective + backward_after if t.vocab_barriers == 2 else 0.0
+        after_s = collective + max(t_time + after_t, backward_after if t.vocab_barriers == 1 else 0.0)
+        for d in range(p):
+            s_head = forward_end + (problem.comm_time if d != t.device[last] else 0.0)
+            jobs[d].append((s_head, s_time, after_s))
+            jobs[d].append((s_head + s_time + collective, t_time, after_t))
     value = max(jackson_preemptive(device_jobs) for device_jobs in jobs)
-    return LowerBound(value, "warm-up, work and cool-down per slice (heads and tails)")
+    if value > best.value * (1 + 1e-12):
+        return LowerBound(value, "warm-up, work and cool-down per device, vocabulary passes included (heads and tails)")
+    return best

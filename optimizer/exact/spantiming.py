@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration
+from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration, transfer_delay
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from optimizer.simulate import simulate, simulate_times
@@ -42,6 +42,7 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
     p = len(orders)
     tables = problem.tables()
     device_of = tables.device
+    vocab = tables.vocab_rule()
 
     # --- the order's graph, ops numbered in a topological order ------------------------
     # ASAP starts are a topological order: an op starts after its predecessors end, and
@@ -59,8 +60,8 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
     for (d, k), j in number.items():
         if k > 0:
             predecessors[j].append((number[(d, k - 1)], 0.0))
-        for dep in dependencies(ops[j], problem.num_stages, problem.num_slices):
-            delay = problem.comm_time if device_of[dep.stage] != d else 0.0
+        for dep in dependencies(ops[j], problem.num_stages, problem.num_slices, vocab):
+            delay = float(transfer_delay(dep, d, device_of, problem.comm_time, tables.barrier_time))
             predecessors[j].append((producer[dep], delay))
     first = np.array([number[(d, 0)] for d in range(p)])
     last = np.array([number[(d, len(orders[d]) - 1)] for d in range(p)])

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from optimizer.exact.ticktiming import tick_times
 from optimizer.exact.timescale import IntegerTables
-from optimizer.ops import SPLIT_KINDS, Kind, Op, TimedOp, completion_key, dependencies
+from optimizer.ops import SPLIT_KINDS, VOCAB_KINDS, Kind, Op, TimedOp, completion_key, dependencies
 from optimizer.problem import Problem
 
 
@@ -119,13 +119,16 @@ def fused_op(op: Op) -> Op:
 
 
 def _all_ops(problem: Problem) -> list[Op]:
-    return [
+    ops = [
         Op(kind, s, i, k)
         for s in range(problem.num_stages)
         for i in range(problem.num_microbatches)
         for k in range(problem.num_slices)
         for kind in SPLIT_KINDS
     ]
+    if problem.vocab_parallel is not None:
+        ops += [Op(kind, d, i) for d in range(problem.num_devices) for i in range(problem.num_microbatches) for kind in VOCAB_KINDS]
+    return ops
 
 
 def _ticks(tables: IntegerTables, op: Op) -> int:
@@ -166,9 +169,8 @@ def full_subproblem(
     S, m, K = problem.num_stages, problem.num_microbatches, problem.num_slices
     precedences = []
     for j, op in enumerate(ops):
-        for dep in dependencies(op, S, K):
-            delay = tables.comm if tables.device[dep.stage] != tables.device[op.stage] else 0
-            precedences.append((index[dep], j, delay))
+        for dep in dependencies(op, S, K, tables.vocab):
+            precedences.append((index[dep], j, tables.delay(dep, tables.op_device(op))))
     duration = [_ticks(tables, op) for op in ops]
     fusable: list[tuple[int, int, int]] = []
     pair_of: dict[int, int] = {}  # W's index -> its pair's number in `fusable`
@@ -179,6 +181,7 @@ def full_subproblem(
                 pair_of[w] = len(fusable)
                 fusable.append((j, w, tables.op_ticks(Kind.BW, op.stage, op.slice)))
     in_order, in_order_if_split = [], []
+    p = problem.num_devices
     if symmetry_breaking:
         for s in range(S):
             for k in range(K):
@@ -189,11 +192,12 @@ def full_subproblem(
                             in_order_if_split.append((a, b, pair_of[b]))
                         else:
                             in_order.append((a, b))
-    p = problem.num_devices
+        if tables.vocab is not None:  # a shard's passes are classes too (optimizer.exact.canonical)
+            in_order += [(index[Op(kind, d, i)], index[Op(kind, d, i + 1)]) for kind in VOCAB_KINDS for d in range(p) for i in range(m - 1)]
     sub = SubProblem(
         num_devices=p,
         ops=ops,
-        device=[tables.device[op.stage] for op in ops],
+        device=[tables.op_device(op) for op in ops],
         duration=duration,
         delta=[_memory_delta(tables, op) for op in ops],
         release=[0] * len(ops),
@@ -206,7 +210,7 @@ def full_subproblem(
         fusable=fusable,
         in_order_if_split=in_order_if_split,
     )
-    sub.transfer_slack = tables.comm * 2 * S * m * K
+    sub.transfer_slack = tables.comm * 2 * S * m * K + (tables.barrier * 2 * m if tables.vocab is not None else 0)
     if hint is not None:
         _set_hint(sub, tables, S, hint, pair_of)
     return sub
@@ -251,8 +255,6 @@ def window_subproblem(
     class can fuse keep the choice, starting from the incumbent's.
     """
     S, K, p = problem.num_stages, problem.num_slices, problem.num_devices
-    comm = tables.comm
-    device_of = tables.device
     where: dict[Op, tuple[int, int]] = {}  # op -> (device, position)
     producer: dict[Op, Op] = {}  # completion key -> the op that completes it (B or BW)
     lo = [0] * p
@@ -271,10 +273,10 @@ def window_subproblem(
         return "before" if k < lo[d] else ("free" if k < hi[d] else "after")
 
     def delay(a: Op, b: Op) -> int:
-        return comm if device_of[a.stage] != device_of[b.stage] else 0
+        return tables.delay(a, tables.op_device(b))
 
     def deps(op: Op) -> list[Op]:
-        return [producer[key] for key in dependencies(op, S, K)]
+        return [producer[key] for key in dependencies(op, S, K, tables.vocab)]
 
     # Successors by dependency (invert the relation).
     successors: dict[Op, list[Op]] = {}
@@ -395,7 +397,7 @@ def window_subproblem(
     return SubProblem(
         num_devices=p,
         ops=ops,
-        device=[device_of[op.stage] for op in ops],
+        device=[tables.op_device(op) for op in ops],
         duration=[_ticks(tables, op) for op in ops],
         delta=[_memory_delta(tables, op) for op in ops],
         release=release,

@@ -32,12 +32,11 @@ def tick_times(tables: IntegerTables, num_stages: int, orders: Sequence[Sequence
                 op = ops[head[d]]
                 start = free_at[d]
                 ready = True
-                for key in dependencies(op, num_stages, num_slices):
+                for key in dependencies(op, num_stages, num_slices, tables.vocab):
                     if key not in ended:
                         ready = False
                         break
-                    delay = tables.comm if tables.device[key.stage] != d else 0
-                    start = max(start, ended[key] + delay)
+                    start = max(start, ended[key] + tables.delay(key, d))
                 if not ready:
                     break
                 end = start + tables.op_ticks(op.kind, op.stage, op.slice)

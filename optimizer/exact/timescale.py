@@ -9,8 +9,9 @@ in real units. Memory is rounded conservatively instead (allocations up, frees d
 limit down), so every order the model accepts fits the real limit.
 
 Every op's duration is on the grid: each kind of each stage and slice (a slice's F and B
-take its cost share of the stage's time, its W its token share; optimizer.ops), and the
-fused backward BW. Slice memory deltas are the slice's share of the stage's.
+take its cost share of the stage's time, its W its token share; optimizer.ops), the
+fused backward BW, and the vocabulary passes S and T with the collective's time. Slice
+memory deltas are the slice's share of the stage's.
 
 Models only decide orders; the final times always come from re-simulating the order in
 the user's floats, so the reported schedule is exact whatever the grid.
@@ -22,8 +23,7 @@ import math
 from dataclasses import dataclass
 from functools import reduce
 
-from optimizer.ops import KINDS as ALL_KINDS
-from optimizer.ops import SPLIT_KINDS, op_duration, op_memory
+from optimizer.ops import SPLIT_KINDS, STAGE_KINDS, VOCAB_KINDS, Op, TimedOp, VocabRule, op_device, op_duration, op_memory, transfer_delay
 from optimizer.problem import Problem
 
 MIN_TICKS = 1000
@@ -58,9 +58,11 @@ class IntegerTables:
     memory: dict[str, tuple[int, ...]]
     comm: int
     limit: tuple[int | None, ...]  # None when unlimited
-    # kind -> stage -> slice, for every kind including BW
+    # kind -> stage -> slice, for every kind including BW (S and T: kind -> shard -> (slice 0,))
     slice_duration: dict[str, tuple[tuple[int, ...], ...]]
     slice_memory: dict[str, tuple[tuple[int, ...], ...]]
+    vocab: VocabRule | None = None
+    barrier: int = 0  # a collective's ticks (vocabulary parallelism)
 
     @property
     def num_slices(self) -> int:
@@ -68,6 +70,13 @@ class IntegerTables:
 
     def op_ticks(self, kind: str, stage: int, slice: int = 0) -> int:
         return self.slice_duration[kind][stage][slice]
+
+    def op_device(self, op: Op | TimedOp) -> int:
+        return op_device(self.device, op)
+
+    def delay(self, key: Op, device: int) -> int:
+        """Ticks between dependency `key`'s end and its dependent's start on `device` (optimizer.ops)."""
+        return int(transfer_delay(key, device, self.device, self.comm, self.barrier))
 
     def op_delta(self, kind: str, stage: int, slice: int = 0) -> int:
         """Memory change in integer units (F at its start, the others at their end)."""
@@ -113,12 +122,19 @@ class IntegerTables:
 def integer_tables(problem: Problem) -> IntegerTables:
     """Scale the problem's times and memory to integers (see the module doc for the rules)."""
     t = problem.tables()
-    S, K = problem.num_stages, problem.num_slices
-    real: dict[str, list[list[float]]] = {kind: [[op_duration(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in ALL_KINDS}
-    times = [v for kind in ALL_KINDS for row in real[kind] for v in row] + [problem.comm_time]
+    S, K, p = problem.num_stages, problem.num_slices, problem.num_devices
+    real: dict[str, list[list[float]]] = {kind: [[op_duration(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in STAGE_KINDS}
+    vocab = t.vocab_rule()
+    kinds: tuple[str, ...] = STAGE_KINDS
+    if vocab is not None:  # a pass lasts the same on every shard
+        real.update({kind: [[op_duration(t, kind, d)] for d in range(p)] for kind in VOCAB_KINDS})
+        kinds += VOCAB_KINDS
+    work_kinds = SPLIT_KINDS + (VOCAB_KINDS if vocab is not None else ())
+    times = [v for kind in kinds for row in real[kind] for v in row] + [problem.comm_time, t.barrier_time]
     total = (
-        sum(sum(row) for kind in SPLIT_KINDS for row in real[kind]) * problem.num_microbatches
+        sum(sum(row) for kind in work_kinds for row in real[kind]) * problem.num_microbatches
         + problem.comm_time * 2 * problem.num_stages * problem.num_microbatches * K
+        + t.barrier_time * 2 * problem.num_microbatches
     )
     exact_scale = _exact_decimal_scale(times, 4)
     exact_time = exact_scale is not None and total * exact_scale <= MAX_HORIZON_TICKS
@@ -129,7 +145,7 @@ def integer_tables(problem: Problem) -> IntegerTables:
         scale = 10 ** max(0, math.ceil(math.log10(MIN_TICKS / smallest)))
     rounding = 0.0
     ticks: dict[str, tuple[tuple[int, ...], ...]] = {}
-    for kind in ALL_KINDS:
+    for kind in kinds:
         rows = []
         for row in real[kind]:
             values = []
@@ -140,10 +156,14 @@ def integer_tables(problem: Problem) -> IntegerTables:
             rows.append(tuple(values))
         ticks[kind] = tuple(rows)
     comm = math.floor(problem.comm_time * scale + 1e-9)
+    barrier = math.floor(t.barrier_time * scale + 1e-9)
 
     deltas = {kind: [[op_memory(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in SPLIT_KINDS}
+    if vocab is not None:
+        deltas.update({kind: [[op_memory(t, kind, d)] for d in range(p)] for kind in VOCAB_KINDS})
+    delta_kinds = tuple(deltas)
     limits = [None if math.isinf(v) else v for v in t.limit]
-    mem_values = [v for kind in SPLIT_KINDS for row in deltas[kind] for v in row]
+    mem_values = [v for kind in delta_kinds for row in deltas[kind] for v in row]
     # A slice's delta is its share times the stage's: two-decimal shares of six-decimal
     # deltas need eight. Exact while the integers stay far from overflow.
     memory_values = mem_values + [v for v in limits if v is not None]
@@ -154,14 +174,14 @@ def integer_tables(problem: Problem) -> IntegerTables:
     memory: dict[str, tuple[tuple[int, ...], ...]]
     mem_scale: float
     if exact_memory_scale is not None:
-        integers = {kind: [[round(v * exact_memory_scale) for v in row] for row in deltas[kind]] for kind in SPLIT_KINDS}
-        divisor = reduce(math.gcd, (abs(v) for kind in SPLIT_KINDS for row in integers[kind] for v in row), 0) or 1
-        memory = {kind: tuple(tuple(v // divisor for v in row) for row in integers[kind]) for kind in SPLIT_KINDS}
+        integers = {kind: [[round(v * exact_memory_scale) for v in row] for row in deltas[kind]] for kind in delta_kinds}
+        divisor = reduce(math.gcd, (abs(v) for kind in delta_kinds for row in integers[kind] for v in row), 0) or 1
+        memory = {kind: tuple(tuple(v // divisor for v in row) for row in integers[kind]) for kind in delta_kinds}
         mem_scale = exact_memory_scale / divisor
     else:
         mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
         # Allocations up, frees down (towards zero), limit down: conservative.
-        memory = {kind: tuple(tuple(math.ceil(v * mem_scale - 1e-9) for v in row) for row in deltas[kind]) for kind in SPLIT_KINDS}
+        memory = {kind: tuple(tuple(math.ceil(v * mem_scale - 1e-9) for v in row) for row in deltas[kind]) for kind in delta_kinds}
     int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
     # A fused backward changes memory by its B and W together (at its end).
     memory["BW"] = tuple(tuple(b + w for b, w in zip(rb, rw)) for rb, rw in zip(memory["B"], memory["W"]))
@@ -173,12 +193,14 @@ def integer_tables(problem: Problem) -> IntegerTables:
         exact_memory=exact_memory,
         max_time_rounding=rounding,
         device=t.device,
-        duration={kind: tuple(row[0] for row in ticks[kind]) for kind in ALL_KINDS},
-        memory={kind: tuple(row[0] for row in memory[kind]) for kind in ALL_KINDS},
+        duration={kind: tuple(row[0] for row in ticks[kind]) for kind in kinds},
+        memory={kind: tuple(row[0] for row in memory[kind]) for kind in kinds},
         comm=comm,
         limit=int_limits,
         slice_duration=ticks,
         slice_memory=memory,
+        vocab=vocab,
+        barrier=barrier,
     )
 
 
@@ -189,7 +211,7 @@ def tick_problem(problem: Problem, tables: IntegerTables) -> Problem:
     a sliced problem's per-slice ticks are no problem's; optimizer.exact.ticktiming times
     any order in ticks).
     """
-    assert problem.num_slices == 1, "tick problems are unsliced"
+    assert problem.num_slices == 1 and problem.vocab_parallel is None, "tick problems are unsliced, without vocabulary passes"
     stages = []
     for s, stage in enumerate(problem.stages):
         stages.append(

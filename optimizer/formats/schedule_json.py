@@ -1,8 +1,10 @@
-"""The schedule file format (pipesched.schedule, versions 1 and 2): the one place it is read and written.
+"""The schedule file format (pipesched.schedule, versions 1 to 3): the one place it is read and written.
 
-Version 2 adds each op's `slice` (token slices, optimizer/ops.py). A schedule without any
-op on a slice > 0 is written as version 1, exactly as before slices existed, so older
-readers keep loading it; both versions are read.
+Version 2 adds each op's `slice` (token slices, optimizer/ops.py); version 3 the
+vocabulary passes S and T (vocabulary parallelism; their `stage` is the shard, which is
+the device). A schedule is written in the lowest version that holds it: without any op
+on a slice > 0 or any vocabulary pass, as version 1, exactly as before those existed, so
+older readers keep loading it; every version is read.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
 from optimizer.io import read_json, validate_model, write_json_atomic
-from optimizer.ops import TimedOp
+from optimizer.ops import VOCAB_KINDS, TimedOp
 from optimizer.problem import MAX_OPS, MAX_VALUE, Problem
 from optimizer.schedule import Schedule
 from optimizer.validate import validate
 
 NAME = "pipesched.schedule"
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 
 # Times of a schedule at the size limit: MAX_OPS ops of at most MAX_VALUE each.
 _MAX_TIME = MAX_VALUE * MAX_OPS
@@ -30,7 +32,7 @@ _MAX_TIME = MAX_VALUE * MAX_OPS
 
 class _OpRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-    kind: Literal["F", "B", "W", "BW"]
+    kind: Literal["F", "B", "W", "BW", "S", "T"]
     stage: int = Field(ge=0)
     microbatch: int = Field(ge=0)
     start: float = Field(ge=-_MAX_TIME, le=_MAX_TIME)
@@ -50,7 +52,7 @@ class _MetricsRecord(BaseModel):
 class _ScheduleRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     format: Literal["pipesched.schedule"]
-    version: Literal[1, 2]
+    version: Literal[1, 2, 3]
     problem: Problem
     method: str
     devices: list[list[_OpRecord]]
@@ -58,8 +60,9 @@ class _ScheduleRecord(BaseModel):
 
 
 def schedule_to_json(schedule: Schedule) -> dict:
-    """The file's JSON: version 1 unless some op is on a slice > 0."""
+    """The file's JSON: version 1 unless some op is on a slice > 0 (2) or a vocabulary pass (3)."""
     sliced = any(o.slice > 0 for device in schedule.devices for o in device)
+    vocab = any(o.kind in VOCAB_KINDS for device in schedule.devices for o in device)
 
     def record(o: TimedOp) -> dict:
         fields = {"kind": str(o.kind), "stage": o.stage, "microbatch": o.microbatch, "start": o.start, "end": o.end}
@@ -67,7 +70,7 @@ def schedule_to_json(schedule: Schedule) -> dict:
 
     return {
         "format": NAME,
-        "version": 2 if sliced else 1,
+        "version": 3 if vocab else (2 if sliced else 1),
         "problem": schedule.problem.to_json(),
         "method": schedule.method,
         "devices": [[record(o) for o in device] for device in schedule.devices],
@@ -88,6 +91,8 @@ def schedule_from_json(data: object, source: str = "schedule", *, check: bool = 
     devices = [[TimedOp(o.kind, o.stage, o.microbatch, o.start, o.end, o.slice) for o in device] for device in record.devices]
     if record.version == 1 and any(o.slice > 0 for device in devices for o in device):
         raise InputError(f"{source}: version: ops on a slice > 0 need schedule format version 2")
+    if record.version < 3 and any(o.kind in VOCAB_KINDS for device in devices for o in device):
+        raise InputError(f"{source}: version: vocabulary passes (S, T) need schedule format version 3")
     _check_shape(record.problem, devices, source)
     if check:
         violations = validate(record.problem, devices)
@@ -109,7 +114,14 @@ def _check_shape(problem: Problem, devices: list[list[TimedOp]], source: str) ->
         raise InputError(f"{source}: devices: {total} ops is more than the {MAX_OPS} pipesched takes (README, Size limits)")
     for d, ops in enumerate(devices):
         for k, op in enumerate(ops):
-            if op.stage >= problem.num_stages:
+            if op.kind in VOCAB_KINDS:
+                if problem.vocab_parallel is None:
+                    raise InputError(
+                        f"{source}: devices.{d}.{k}.kind: {op.kind} is a vocabulary pass, and the problem has no vocab_parallel"
+                    )
+                if op.stage >= problem.num_devices:
+                    raise InputError(f"{source}: devices.{d}.{k}.stage: shard {op.stage} is out of range ({problem.num_devices} devices)")
+            elif op.stage >= problem.num_stages:
                 raise InputError(f"{source}: devices.{d}.{k}.stage: {op.stage} is out of range ({problem.num_stages} stages)")
             if op.microbatch >= problem.num_microbatches:
                 raise InputError(
@@ -131,4 +143,6 @@ def write(schedule: Schedule) -> str:
     return json.dumps(schedule_to_json(schedule), indent=1) + "\n"
 
 
-FORMAT = ScheduleFormat("schedule-json", "pipesched's schedule JSON (version 1, or 2 with token slices)", ".json", write)
+FORMAT = ScheduleFormat(
+    "schedule-json", "pipesched's schedule JSON (version 1; 2 with token slices, 3 with vocabulary passes)", ".json", write
+)

@@ -51,6 +51,8 @@ def export_rows(schedule: Schedule) -> list[list[str]]:
     """One row of torch actions per device, in the schedule's order."""
     if schedule.problem.num_slices > 1:  # torch's actions name a stage and a microbatch only
         raise InputError(f"format: {NAME} has no token slices; this schedule has {schedule.problem.num_slices} per microbatch")
+    if schedule.problem.vocab_parallel is not None:
+        raise InputError(f"format: {NAME} has no vocabulary passes (S, T); run this schedule with pipesched run (its own engine)")
     return [[action_text(op) for op in device] for device in schedule.order()]
 
 
@@ -117,6 +119,8 @@ def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> Impo
     """
     if problem.num_slices > 1:
         raise InputError(f"{source}: {NAME} has no token slices; the problem has {problem.num_slices} per microbatch")
+    if problem.vocab_parallel is not None:
+        raise InputError(f"{source}: {NAME} has no vocabulary passes (S, T); the problem has vocab_parallel")
     rows = list(csv.reader(io.StringIO(text)))
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()  # a trailing blank line is not a rank

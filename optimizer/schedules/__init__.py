@@ -22,7 +22,7 @@ from optimizer.schedules import (
     zb_h2,
     zb_v,
 )
-from optimizer.schedules.registry import Generator
+from optimizer.schedules.registry import Generator, vocab_variant
 from optimizer.simulate import simulate
 
 # Each family module exposes GENERATOR. The order is the order `compare` lists ties in and
@@ -48,6 +48,18 @@ GENERATORS: dict[str, Generator] = {
         greedy,
     )
 }
+# The vocabulary-parallel variants the paper gives, under their own names (any family
+# places the passes on a problem with vocabulary parallelism).
+GENERATORS.update(
+    {
+        variant.name: variant
+        for variant in (
+            vocab_variant(GENERATORS["1f1b"], "1F1B"),
+            vocab_variant(GENERATORS["zb-h1"], "ZB-H1"),
+            vocab_variant(GENERATORS["v-half"], "V-Half"),
+        )
+    }
+)
 
 
 def get_generator(name: str) -> Generator:
@@ -67,7 +79,7 @@ def generate(problem: Problem, name: str) -> Schedule:
 
 
 def applicable(problem: Problem) -> list[Generator]:
-    return [g for g in GENERATORS.values() if g.reason(problem) is None]
+    return [g for g in GENERATORS.values() if not g.alias and g.reason(problem) is None]
 
 
 def generate_all(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:

@@ -18,7 +18,10 @@ class Generator:
     `build` returns per-device op orders (timed later by the simulator); `unsupported`
     returns why the family does not apply to a problem, or None when it does. `slices`:
     the family orders token slices (a problem with num_slices > 1); the others apply to
-    unsliced problems only.
+    unsliced problems only. On a problem with vocabulary parallelism every family builds
+    its order for the problem without the passes and the passes are woven in
+    (optimizer.schedules.vocab_passes). `alias`: another name for a family (not built
+    twice by `compare` or the solver).
     """
 
     name: str
@@ -26,12 +29,43 @@ class Generator:
     build: Callable[[Problem], Orders]
     unsupported: Callable[[Problem], str | None]
     slices: bool = False
+    alias: bool = False
+    vocab_only: bool = False  # applies only to problems with vocabulary parallelism
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "build", _with_vocab_passes(self.build))
 
     def reason(self, problem: Problem) -> str | None:
         """Why the family does not apply to `problem` (None: it does), slices included."""
         if problem.num_slices > 1 and not self.slices:
             return f"does not order token slices (the problem has num_slices = {problem.num_slices})"
-        return self.unsupported(problem)
+        if problem.vocab_parallel is None or self.vocab_only:
+            return self.unsupported(problem)
+        return self.unsupported(problem.without_vocab())
+
+
+def _with_vocab_passes(build: Callable[[Problem], Orders]) -> Callable[[Problem], Orders]:
+    def built(problem: Problem) -> Orders:
+        if problem.vocab_parallel is None:
+            return build(problem)
+        from optimizer.schedules.vocab_passes import base_problem, with_vocab_passes  # it builds on this module
+
+        return with_vocab_passes(problem, build(base_problem(problem)))
+
+    return built
+
+
+def vocab_variant(generator: Generator, paper: str) -> Generator:
+    """The family under its vocabulary-parallel name (`1f1b-vocab`): the same schedule, for
+    problems with vocabulary parallelism only."""
+
+    def unsupported(problem: Problem) -> str | None:
+        if problem.vocab_parallel is None:
+            return "needs vocabulary parallelism (the problem's vocab_parallel; pipesched problem --vocab-forward ...)"
+        return generator.unsupported(problem.without_vocab())
+
+    summary = f"{paper} with vocabulary passes (vocabulary parallelism)"
+    return Generator(f"{generator.name}-vocab", summary, generator.build, unsupported, alias=True, vocab_only=True)
 
 
 def any_problem(problem: Problem) -> str | None:
