@@ -110,7 +110,9 @@ def run(
     _check_options(timeout, backend, threads)
     schedule = load_schedule(schedule_file, check=False)
     if engine == "torch" and schedule.problem.vocab_parallel is not None:
-        raise InputError(f"--engine torch: {schedule_file} has vocabulary passes (S, T), which torch's runtime does not run; use --engine pipesched")
+        raise InputError(
+            f"--engine torch: {schedule_file} has vocabulary passes (S, T), which torch's runtime does not run; use --engine pipesched"
+        )
     world_size = _world_size(schedule.problem.num_devices)
     try:
         build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank
