@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from optimizer.ops import VOCAB_KINDS
 from optimizer.schedule import Op
 from runtime.comm import P2P
 from runtime.issue import op_transfers
@@ -127,7 +128,7 @@ class Executor:
         self, op: Op, receive: Message | None, sends: tuple[Message, ...], inputs: list[torch.Tensor], targets: list[torch.Tensor]
     ) -> None:
         s, mb, k = op.stage, op.microbatch, op.slice
-        if op.kind in ("S", "T"):  # `stage` is the shard: this rank's
+        if op.kind in VOCAB_KINDS:  # `stage` is the shard: this rank's
             assert self.vocab is not None, "vocabulary passes run with a shard"
             if op.kind == "S":
                 self.vocab.forward(mb, self._take((HIDDEN, self.plan.num_stages, mb, k), receive, op), targets[mb])

@@ -139,9 +139,9 @@ def build_plans(schedule: Schedule, world_size: int, source: str = "schedule") -
             )
         )
     if vocab_parallel:
-        from runtime.collectives import collective_deadlock  # it builds on the plans: imported here, not above
+        from runtime.pairing import pairing_deadlock  # it builds on the plans: imported here, not above
 
-        stuck = collective_deadlock(plans)
+        stuck = pairing_deadlock(plans, by_order=False)  # the collectives' order, with gloo's matching of transfers
         if stuck is not None:
             raise InputError(f"{source}: its vocabulary collectives cannot run in microbatch order on every rank: {stuck}")
     return plans
