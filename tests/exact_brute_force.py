@@ -4,7 +4,8 @@ For a fixed order the simulator's ASAP times minimize the makespan, and
 optimizer.exact.spantiming's times the longest device span (checked against a linear
 program in tests/test_span_objective.py), so the best over all orders is the optimum.
 
-Every op of every (stage, microbatch, slice) is enumerated, with no symmetry breaking.
+Every op of every (stage, microbatch, slice) is enumerated, with no symmetry breaking,
+and every vocabulary pass (shard, microbatch) where the problem has them.
 Backwards are split (B then W), and where the fused backward is shorter than B + W both
 choices are enumerated (F, B, W or F, BW), since either can win there; elsewhere a fused
 BW is never better (see optimizer.exact.canonical), so nothing is lost. Orders that must
@@ -28,13 +29,13 @@ from optimizer.problem import Problem
 
 def _ancestors(problem: Problem) -> dict[Op, set[Op]]:
     """Completion keys every op transitively waits for (the same whether backwards are fused or split)."""
-    S, K = problem.num_stages, problem.num_slices
+    S, K, vocab = problem.num_stages, problem.num_slices, problem.vocab_rule()
     found: dict[Op, set[Op]] = {}
 
     def of(op: Op) -> set[Op]:
         if op not in found:
             result: set[Op] = set()
-            for dep in dependencies(op, S, K):
+            for dep in dependencies(op, S, K, vocab):
                 result |= {dep} | of(dep)
             found[op] = result
         return found[op]
@@ -44,7 +45,16 @@ def _ancestors(problem: Problem) -> dict[Op, set[Op]]:
             for k in range(K):
                 for kind in (Kind.F, Kind.B, Kind.W):
                     of(Op(kind, s, i, k))
+    for op in _vocab_ops(problem):
+        of(op)
     return found
+
+
+def _vocab_ops(problem: Problem, device: int | None = None) -> list[Op]:
+    if problem.vocab_parallel is None:
+        return []
+    shards = range(problem.num_devices) if device is None else (device,)
+    return [Op(kind, d, i) for d in shards for i in range(problem.num_microbatches) for kind in (Kind.S, Kind.T)]
 
 
 def _alternatives(problem: Problem, device: int) -> list[list[list[Op]]]:
@@ -57,7 +67,7 @@ def _alternatives(problem: Problem, device: int) -> list[list[list[Op]]]:
                 split = [Op(Kind.F, s, i, k), Op(Kind.B, s, i, k), Op(Kind.W, s, i, k)]
                 fused = [Op(Kind.F, s, i, k), Op(Kind.BW, s, i, k)]
                 result.append([split, fused] if fusing_can_win(tables, s, k) else [split])
-    return result
+    return result + [[[op]] for op in _vocab_ops(problem, device)]
 
 
 def _extensions(ops: list[Op], must_follow: dict[Op, set[Op]], problem: Problem, device: int) -> Iterator[list[Op]]:

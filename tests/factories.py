@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.spantiming import span_times
 from optimizer.io import validate_model
-from optimizer.ops import Op, completion_key, dependencies, op_memory
+from optimizer.ops import Op, completion_key, dependencies, op_device, op_memory
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedule import Schedule
 from optimizer.simulate import simulate
@@ -112,7 +112,24 @@ def all_ops(problem: Problem, rng: random.Random | None = None, fused_share: flo
                 ops.append(Op("F", s, i, k))
                 fused = rng is not None and rng.random() < fused_share
                 ops += [Op("BW", s, i, k)] if fused else [Op("B", s, i, k), Op("W", s, i, k)]
+    if problem.vocab_parallel is not None:
+        ops += [Op(kind, d, i) for d in range(problem.num_devices) for i in range(problem.num_microbatches) for kind in ("S", "T")]
     return ops
+
+
+def with_vocab(
+    problem: Problem, barriers: int = 2, forward: float = 0.3, backward: float = 0.4, memory: float = 0.5, barrier_time: float = 0.05
+) -> Problem:
+    """The problem with vocabulary passes."""
+    data = problem.to_json()
+    data["vocab_parallel"] = {
+        "barriers": barriers,
+        "forward": forward,
+        "backward": backward,
+        "memory": memory,
+        "barrier_time": barrier_time,
+    }
+    return validate_model(Problem, data, "problem")
 
 
 def random_feasible_order(problem: Problem, rng: random.Random, *, fused_share: float = 0.0) -> list[list[Op]]:
@@ -136,8 +153,9 @@ def _random_walk(problem: Problem, rng: random.Random, fused_share: float, respe
     done: set[Op] = set()
     usage = [0.0] * problem.num_devices
     orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    vocab = problem.vocab_rule()
     while pending:
-        ready = [op for op in pending if all(key in done for key in dependencies(op, problem.num_stages, problem.num_slices))]
+        ready = [op for op in pending if all(key in done for key in dependencies(op, problem.num_stages, problem.num_slices, vocab))]
         if respect_memory:
             ready = [op for op in ready if _fits(tables, usage, op)]
         if not ready:
@@ -147,14 +165,14 @@ def _random_walk(problem: Problem, rng: random.Random, fused_share: float, respe
         key = completion_key(op)
         if key is not None:
             done.add(key)
-        device = tables.device[op.stage]
+        device = op_device(tables.device, op)
         usage[device] += op_memory(tables, op.kind, op.stage, op.slice)
         orders[device].append(op)
     return orders
 
 
 def _fits(tables, usage: list[float], op: Op) -> bool:
-    device = tables.device[op.stage]
+    device = op_device(tables.device, op)
     delta = op_memory(tables, op.kind, op.stage, op.slice)
     return usage[device] + delta <= tables.limit[device] * (1 + 1e-9) or delta <= 0
 

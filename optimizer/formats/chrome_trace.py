@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from optimizer.formats import ScheduleFormat
-from optimizer.ops import op_label
+from optimizer.ops import VOCAB_KINDS, op_label
 from optimizer.schedule import Schedule, memory_curve
 
 
@@ -31,7 +31,11 @@ def chrome_trace(schedule: Schedule) -> dict:
                     "tid": d,
                     "ts": op.start * microseconds,
                     "dur": (op.end - op.start) * microseconds,
-                    "args": {"stage": op.stage, "microbatch": op.microbatch, **({"slice": op.slice} if slices > 1 else {})},
+                    "args": {
+                        "shard" if op.kind in VOCAB_KINDS else "stage": op.stage,
+                        "microbatch": op.microbatch,
+                        **({"slice": op.slice} if slices > 1 else {}),
+                    },
                 }
             )
         for time, usage in memory_curve(tables, device):

@@ -11,10 +11,10 @@ import html
 import math
 
 from optimizer.formats import ScheduleFormat
-from optimizer.ops import op_label
+from optimizer.ops import VOCAB_KINDS, op_label
 from optimizer.schedule import Schedule, memory_curve
 
-COLOURS = {"F": "#4c78a8", "B": "#59a14f", "W": "#f28e2b", "BW": "#9c6ade"}
+COLOURS = {"F": "#4c78a8", "B": "#59a14f", "W": "#f28e2b", "BW": "#9c6ade", "S": "#e15759", "T": "#b07aa1"}
 # A second chunk on the same device (interleaved, V-shape) is drawn lighter.
 LIGHT_COLOURS = {"F": "#9ecae9", "B": "#a6d99b", "W": "#ffbf79", "BW": "#cdb4ee"}
 
@@ -50,6 +50,8 @@ def gantt_svg(schedule: Schedule) -> str:
     ]
     legend_x = _LEFT
     for kind, colour in COLOURS.items():
+        if kind in VOCAB_KINDS and problem.vocab_parallel is None:
+            continue
         parts.append(f'<rect x="{legend_x}" y="22" width="10" height="10" fill="{colour}"/>')
         parts.append(f'<text x="{legend_x + 14}" y="31">{kind}</text>')
         legend_x += 44
@@ -61,9 +63,10 @@ def gantt_svg(schedule: Schedule) -> str:
         parts.append(f'<rect x="{_LEFT}" y="{y}" width="{_WIDTH - _LEFT - 10}" height="{_ROW - 4}" fill="#f3f3f3"/>')
         for op in device:
             x0, x1 = _x(op.start, start, span), _x(op.end, start, span)
-            palette = COLOURS if op.stage == first_stage[d] else LIGHT_COLOURS
+            vocab = op.kind in VOCAB_KINDS  # a shard's pass: its `stage` is the shard
+            palette = COLOURS if vocab or op.stage == first_stage[d] else LIGHT_COLOURS
             label = op_label(op, slices)
-            tip = f"{op.kind} stage {op.stage} mb {label}: {op.start:.6g} to {op.end:.6g}"
+            tip = f"{op.kind} {'shard' if vocab else 'stage'} {op.stage} mb {label}: {op.start:.6g} to {op.end:.6g}"
             parts.append(
                 f'<rect x="{x0:.2f}" y="{y}" width="{max(x1 - x0, 0.5):.2f}" height="{_ROW - 4}" '
                 f'fill="{palette[op.kind]}" stroke="white" stroke-width="0.5"><title>{tip}</title></rect>'
