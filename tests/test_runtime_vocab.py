@@ -14,12 +14,13 @@ import pytest
 from test_runtime_families import Batch, tiny_model
 from test_runtime_vocab_plan import hand_made, with_vocab
 
+from optimizer.balance import choose_split
 from optimizer.exact import SolveOptions, solve
 from optimizer.layers import LayersProfile
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import generate
-from optimizer.split import Placement, split_problem
+from optimizer.split import Placement
 from runtime.launch import launch
 from runtime.models import load_model
 from runtime.pairing import pairing_deadlock
@@ -32,22 +33,30 @@ FAMILIES = {"1f1b-vocab": "linear", "zb-h1-vocab": "linear", "v-half-vocab": "vs
 CASES = [f"{family}/{barriers}" for family in FAMILIES for barriers in (1, 2)] + ["auto/1", "auto/2", "split/2", "reordered/2"]
 # Odd-sized shards: 61 rows over 2 or 4 ranks leave a remainder for the last shard.
 VOCAB = 61
+MEMORY = {"forward": 1, "backward_input": -0.5, "backward_weight": -0.5}
 
 
 def layer_split_problem(p: int) -> Problem:
-    """An uneven split (fewer blocks on the first and last stage) from a layers file of the example model."""
-    layer = {
-        "forward": 1.0,
-        "backward_input": 1.0,
-        "backward_weight": 1.0,
-        "memory": {"forward": 1, "backward_input": -0.5, "backward_weight": -0.5},
-    }
+    """The split the optimizer chooses for a layers file of the example model (a heavy
+    output layer, light embedding), as `pipesched solve layers.json` does."""
+    costs = {"embedding": 0.2, "block": 1.0, "head": 3.0}
     kinds = ["embedding"] + ["block"] * (2 * p) + ["head"]
-    profile = LayersProfile.model_validate(
-        {"format": "pipesched.layers", "version": 1, "layers": [{"name": f"l{i}", "kind": kind, **layer} for i, kind in enumerate(kinds)]}
-    )
-    split = [2] + [3] * (p - 2) + [len(kinds) - 2 - 3 * (p - 2)] if p > 2 else [2, len(kinds) - 2]
-    return split_problem(profile, Placement.named("linear", p), split, 2 * p)
+    layers = [
+        {
+            "name": f"l{i}",
+            "kind": kind,
+            "forward": costs[kind],
+            "backward_input": costs[kind],
+            "backward_weight": costs[kind],
+            "memory": MEMORY,
+        }
+        for i, kind in enumerate(kinds)
+    ]
+    profile = LayersProfile.model_validate({"format": "pipesched.layers", "version": 1, "layers": layers})
+    options = SolveOptions(time_limit=2, threads=1)
+    result = choose_split(profile, Placement.named("linear", p), 2 * p, None, options, lambda problem, o: solve(problem, "auto", o))
+    assert result.chosen.problem is not None
+    return result.chosen.problem
 
 
 def schedule_of(case: str, p: int) -> Schedule:
