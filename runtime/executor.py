@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from optimizer.ops import VOCAB_KINDS
 from optimizer.schedule import Op
+from runtime.collectives import op_collectives
 from runtime.comm import P2P
 from runtime.issue import op_transfers
 from runtime.memory import MemoryMeter
@@ -88,8 +89,9 @@ class Executor:
         # Per-op timings on a GPU need the device idle at each boundary (profiling only).
         self.synchronize = synchronize and device.type == "cuda"
         self._handed: dict[tuple[str, int, int, int], torch.Tensor] = {}
-        # The same per-op transfers the pairing check replays (runtime/pairing.py).
+        # The same per-op transfers and collectives the pairing check replays (runtime/pairing.py).
         self._transfers = op_transfers(plan)
+        self._collectives = op_collectives(plan)
 
     def run_step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], record: bool = False) -> StepResult:
         """Run this rank's ops for one step; `inputs`/`targets` are per microbatch (with
@@ -102,10 +104,16 @@ class Executor:
         if self.vocab is not None:
             inputs = self.vocab.start_step(inputs)  # before any transfer of the step is issued
         self.p2p.start_step()
-        for op, transfers in zip(self.plan.ops, self._transfers, strict=True):
+        for op, transfers, collectives in zip(self.plan.ops, self._transfers, self._collectives, strict=True):
             op_start = time.perf_counter()
             waited_before = self._waited()
+            if self.vocab is not None:
+                for stream, j in collectives.waits:
+                    self.vocab.wait(stream, j, f"at {op}")
             self._run(op, transfers.receive, transfers.sends, inputs, targets)
+            if self.vocab is not None:
+                for stream, j in collectives.feeds:
+                    self.vocab.feed(stream, j)
             if self.synchronize:
                 torch.cuda.synchronize(self.device)
             if record:
@@ -149,7 +157,7 @@ class Executor:
                 grad = None
             elif hidden:
                 assert self.vocab is not None
-                grad = self.vocab.input_gradient(mb, f"at {op}")
+                grad = self.vocab.input_gradient(mb)
             else:
                 grad = self._take((GRADIENT, s, mb, k), receive, op)
             grad_in = runner.backward_input(mb, grad, k) if op.kind == "B" else runner.backward_fused(mb, grad, k)

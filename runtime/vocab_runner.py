@@ -1,12 +1,14 @@
 """One rank's vocabulary shard during a step: its S and T passes, their collectives and
 the sharded token embedding around the pipeline.
 
-S(d, j) takes the last stage's output for microbatch j and feeds the statistics stream;
-T(d, j) waits for that stream's microbatch j and, with two barriers, feeds the
-input-gradient stream; the last stage's backward of j takes dh from the stream that
-carries it (runtime/collectives.py says which). Each stream is a process group of its
-own; a collective is issued asynchronously as soon as the rank's order allows and waited
-for only where an op needs its result, with the run's timeout.
+S(d, j) takes the last stage's output for microbatch j and makes this rank's share of
+the statistics collective; T(d, j) uses its result and, with two barriers, makes the
+share of the input-gradient collective; the last stage's backward of j takes dh.
+The executor says when, by runtime/collectives.py's rule (the one the up-front check
+replays): it feeds a share once the op that made it has run, and waits before an op
+that needs a result. Each stream is a process group of its own; a collective is issued
+asynchronously as soon as the rank's order allows, and waited for with the run's
+timeout.
 
 The token embedding is not scheduled per microbatch: before the pipeline each rank looks
 up its rows for every microbatch's tokens (zeros elsewhere) and the sum is reduced onto
@@ -58,7 +60,7 @@ class VocabRunner:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.order = CollectiveOrder(self.barriers, plan.num_microbatches)
         self.wait_seconds = 0.0
-        self._fed: dict[tuple[str, int], torch.Tensor] = {}  # this rank's share, not yet issued
+        self._shares: dict[tuple[str, int], torch.Tensor] = {}  # this rank's share, not yet issued
         self._works: dict[tuple[str, int], tuple[dist.Work, list[torch.Tensor]]] = {}
         self._kept: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # S -> T: h, logits, local targets
         self._stats: dict[int, Global] = {}
@@ -88,9 +90,9 @@ class VocabRunner:
     def finish_step(self) -> float:
         """Wait for the collectives no op waited for, send the embedding's gradient to every
         shard and accumulate it; returns the step's loss (every rank knows it)."""
-        for key in list(self._works):
-            self._result(key, "at the step's end")
-        assert self._embedded is not None and self._loss is not None and not self._fed and not self._kept
+        for stream, mb in list(self._works):
+            self.wait(stream, mb, "at the step's end")
+        assert self._embedded is not None and self._loss is not None and not self._shares and not self._kept
         assert self.order.finished(), "every collective of the step was issued"
         if self.plan.rank == self.first_device:
             grad = torch.cat([self._input_grads.pop(mb) for mb in range(self.plan.num_microbatches)])
@@ -107,7 +109,7 @@ class VocabRunner:
     # ------------------------------------------------------------------ the passes
 
     def forward(self, mb: int, h: torch.Tensor, targets: torch.Tensor) -> None:
-        """S: the shard's logits and what the statistics collective gathers."""
+        """S: the shard's logits and its share of the statistics collective."""
         self._shape[mb] = h.shape
         flat = h.reshape(-1, h.shape[-1])
         local = local_targets(targets.reshape(-1), self.shard.bounds)
@@ -115,36 +117,32 @@ class VocabRunner:
             weight = self.shard.head
             logits, packet = forward_two(flat, weight, local) if self.barriers == 2 else forward_one(flat, weight, local)
         self._kept[mb] = (flat, logits, local)
-        self._feed(STATS, mb, packet)
+        self._shares[(STATS, mb)] = packet
 
     def backward(self, mb: int) -> None:
-        """T: the shard's weight gradient (and, with two barriers, its share of dh)."""
-        stats = self._statistics(mb, f"at T(shard {self.plan.rank}, mb {mb})")
+        """T, after the statistics collective: the shard's weight gradient (and, with two
+        barriers, its share of dh for the input-gradient collective)."""
+        stats = self._stats[mb]
         h, logits, local = self._kept.pop(mb)
         with torch.no_grad():
             if self.barriers == 2:
-                dweight, dh_part = backward_two(h, self.shard.head, logits, local, stats, self.scale)
-                self._feed(INPUT_GRADIENT, mb, dh_part)
+                dweight, self._shares[(INPUT_GRADIENT, mb)] = backward_two(h, self.shard.head, logits, local, stats, self.scale)
             else:
                 dweight = backward_one(h, logits, local, stats, self.scale)
         head = self.shard.head
         head.grad = dweight if head.grad is None else head.grad + dweight
 
-    def input_gradient(self, mb: int, where: str) -> torch.Tensor:
-        """dh of microbatch `mb` for the last stage's backward, from its collective."""
-        if self.barriers == 2:
-            self._result((INPUT_GRADIENT, mb), where)
-        else:
-            self._statistics(mb, where)
+    def input_gradient(self, mb: int) -> torch.Tensor:
+        """dh of microbatch `mb` for the last stage's backward, after its collective."""
         return self._dh.pop(mb).reshape(self._shape.pop(mb))
 
     # ------------------------------------------------------------------ collectives
 
-    def _feed(self, stream: str, mb: int, tensor: torch.Tensor) -> None:
-        self._fed[(stream, mb)] = tensor.contiguous()
+    def feed(self, stream: str, mb: int) -> None:
+        """The op that made this rank's share of (stream, mb) has run: issue what the order allows."""
         for ready in self.order.fed(stream, mb):
             key = (stream, ready)
-            share = self._fed.pop(key)
+            share = self._shares.pop(key).contiguous()
             group = self.groups[stream]
             if stream == STATS:
                 gathered = [torch.empty_like(share) for _ in range(self.plan.world_size)]
@@ -152,22 +150,20 @@ class VocabRunner:
             else:
                 self._works[key] = (dist.all_reduce(share, group=group, async_op=True), [share])
 
-    def _statistics(self, mb: int, where: str) -> Global:
-        if mb not in self._stats:
-            self._result((STATS, mb), where)
-        return self._stats[mb]
-
-    def _result(self, key: tuple[str, int], where: str) -> None:
-        """Wait for a collective and keep what it delivers (statistics, loss, dh)."""
+    def wait(self, stream: str, mb: int, where: str) -> None:
+        """Before an op that needs (stream, mb): wait for it, once, and keep what it delivers
+        (statistics and loss, dh on the last stage's rank)."""
+        key = (stream, mb)
+        if key not in self._works:  # an earlier op waited for it already
+            return
         work, buffers = self._works.pop(key)
         start = time.perf_counter()
         try:
             work.wait(self.timeout)
         except Exception as exc:  # the backends raise RuntimeError or DistBackendError
             reason = failure_reason(exc, self.timeout, "collective")
-            raise CollectiveError(f"rank {self.plan.rank} {where}: the {key[0]} collective of mb {key[1]}: {reason}") from None
+            raise CollectiveError(f"rank {self.plan.rank} {where}: the {stream} collective of mb {mb}: {reason}") from None
         self.wait_seconds += time.perf_counter() - start
-        stream, mb = key
         keep_dh = self.plan.rank == self.last_device
         if stream != STATS:
             if keep_dh:
