@@ -1,12 +1,15 @@
-"""Vocabulary passes before any rank starts: the plan's messages, the collectives' order,
-the example model without its vocabulary layers, and what `run` refuses."""
+"""Vocabulary passes without starting ranks: the plan's messages, the collectives' order,
+the example model without its vocabulary layers, what `run` refuses, and how a failed
+collective is reported."""
 
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
@@ -21,6 +24,8 @@ from runtime.collectives import CollectiveOrder
 from runtime.issue import op_transfers
 from runtime.models import GPTConfig, build_example
 from runtime.plan import HIDDEN, build_plans
+from runtime.vocab import VocabShard
+from runtime.vocab_runner import CollectiveError, VocabRunner
 
 pytestmark = pytest.mark.runtime
 
@@ -134,3 +139,31 @@ def test_run_refuses_collectives_out_of_order_in_one_line(tmp_path):
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"error: {path}: its vocabulary collectives cannot run in microbatch order")
     assert result.stderr.count("\n") == 1
+
+
+class _FailingWork:
+    def __init__(self, text: str):
+        self.text = text
+
+    def wait(self, timeout=None):
+        raise RuntimeError(self.text)
+
+
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 2000ms for recv", "no collective within 2 s"),
+        (
+            "[../gloo/pair.cc:589] Connection closed by peer [127.0.0.1]:5",
+            "the collective failed (Connection closed by peer [127.0.0.1]:5)",
+        ),
+    ],
+)
+def test_a_failed_collective_names_the_rank_op_stream_and_microbatch(text, reason):
+    plan = build_plans(generate(vocab_problem(2, 2, 2), "1f1b-vocab"), 2)[0]
+    shard = VocabShard(torch.zeros(8, 4), torch.zeros(8, 4), (0, 4))
+    runner = VocabRunner(shard, plan, {}, timeout_s=2.0)
+    runner._works[("statistics", 1)] = (cast(dist.Work, _FailingWork(text)), [])
+    with pytest.raises(CollectiveError) as raised:
+        runner.wait("statistics", 1, "at T(shard 0, mb 1)")
+    assert str(raised.value) == f"rank 0 at T(shard 0, mb 1): the statistics collective of mb 1: {reason}"
