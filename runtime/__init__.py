@@ -6,6 +6,8 @@
 - `plan`: a schedule checked against the world, with the message order every rank shares.
 - `comm`: this rank's point-to-point transfers in that order.
 - `executor`: one rank running its device's ops.
+- `vocab`, `vocab_runner`, `collectives`: the vocabulary-sharded output layer, loss and
+  embedding, one rank's shard with its collectives, and the order they are issued in.
 - `session`: model, plan, transfers and optimizer wired for one rank.
 - `check`: `--check`'s single-process reference.
 - `memory`, `profile`: per-op memory and time measurements, and the problem they make.

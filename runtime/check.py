@@ -11,6 +11,9 @@ results by a few float32 roundings, 1e-7 to 1e-6 of the gradient's scale in prac
 a real fault (a microbatch lost or counted twice, a gradient sent to the wrong stage)
 changes a gradient by at least 1/M of its scale, i.e. percents.
 
+With vocabulary passes each rank's shard of the token embedding and of the output layer
+is compared with the same rows of the reference's full weights' gradients.
+
 Token-sliced schedules are compared with the same unsliced reference: their slices'
 losses add up to the batch mean (runtime/stage.py), so the gradients must agree to the
 same tolerance; attention over a concatenated cache only reorders sums again.
@@ -24,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from runtime.models import PipelineModel
+from runtime.vocab import VocabShard
 
 GRAD_RTOL = 1e-4
 LOSS_RTOL = 1e-5
@@ -58,26 +62,35 @@ class Mismatch:
 def compare_gradients(modules: dict[int, nn.Module], reference: Reference) -> tuple[list[Mismatch], float, int]:
     """Mismatching parameters of this rank's stages (in stage order), the largest relative
     error seen, and how many parameters were compared."""
-    mismatches: list[Mismatch] = []
-    worst, count = 0.0, 0
-    for s in sorted(modules):
-        expected = reference.grads[s]
-        for name, p in modules[s].named_parameters():
-            count += 1
-            if name not in expected:
-                if p.grad is not None and p.grad.abs().max() > 0:
-                    mismatches.append(Mismatch(s, name, float("inf")))
-                continue
-            if p.grad is None:
-                mismatches.append(Mismatch(s, name, float("inf")))
-                continue
-            ref = expected[name]
-            scale = float(ref.abs().max())
-            error = float((p.grad.detach().cpu() - ref).abs().max()) / max(scale, 1e-30)
-            worst = max(worst, error)
-            if not error <= GRAD_RTOL:  # also catches NaN
-                mismatches.append(Mismatch(s, name, error))
-    return mismatches, worst, count
+    found = [_compare(s, name, p.grad, reference.grads[s].get(name)) for s in sorted(modules) for name, p in modules[s].named_parameters()]
+    return _summary(found)
+
+
+def compare_shard(shard: VocabShard, reference: Reference) -> tuple[list[Mismatch], float, int]:
+    """A vocabulary shard's gradients against the same rows of the reference's token
+    embedding (in the first stage) and output layer (in the last stage)."""
+    start, end = shard.bounds
+    rows = f"[{start}:{end}]"
+    found = []
+    for stage, name, p in ((0, shard.names[0], shard.embedding), (len(reference.grads) - 1, shard.names[1], shard.head)):
+        full = reference.grads[stage].get(name)
+        found.append(_compare(stage, name + rows, p.grad, None if full is None else full[start:end]))
+    return _summary(found)
+
+
+def _compare(stage: int, name: str, grad: torch.Tensor | None, expected: torch.Tensor | None) -> tuple[Mismatch | None, float]:
+    """One parameter's mismatch (None when it matches) and its relative error."""
+    if expected is None:  # no gradient in the reference: none, or zeros, here
+        return (Mismatch(stage, name, float("inf")) if grad is not None and grad.abs().max() > 0 else None), 0.0
+    if grad is None:
+        return Mismatch(stage, name, float("inf")), 0.0
+    scale = float(expected.abs().max())
+    error = float((grad.detach().cpu() - expected).abs().max()) / max(scale, 1e-30)
+    return (None if error <= GRAD_RTOL else Mismatch(stage, name, error)), error  # the test also catches NaN
+
+
+def _summary(found: list[tuple[Mismatch | None, float]]) -> tuple[list[Mismatch], float, int]:
+    return [m for m, _ in found if m is not None], max((error for _, error in found), default=0.0), len(found)
 
 
 def loss_matches(pipeline_loss: float, reference_loss: float) -> bool:

@@ -109,6 +109,10 @@ def run(
 
     _check_options(timeout, backend, threads)
     schedule = load_schedule(schedule_file, check=False)
+    if engine == "torch" and schedule.problem.vocab_parallel is not None:
+        raise InputError(
+            f"--engine torch: {schedule_file} has vocabulary passes (S, T), which torch's runtime does not run; use --engine pipesched"
+        )
     world_size = _world_size(schedule.problem.num_devices)
     try:
         build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank
@@ -123,7 +127,11 @@ def run(
         from runtime.models import load_model
         from runtime.worker import CheckError
 
-    load_model(model, schedule.problem.num_stages, schedule.problem)  # a bad model name fails here, once
+    built = load_model(model, schedule.problem.num_stages, schedule.problem)  # a bad model name fails here, once
+    if schedule.problem.vocab_parallel is not None:
+        from runtime.models import vocabulary_stages
+
+        vocabulary_stages(built, model, str(schedule_file))
     job = run_job(engine, schedule.to_json(), str(schedule_file), model, steps=steps, check=check, timeout_s=timeout)
     summary = run_here(job, backend, threads) if under_torchrun() else launch(job, world_size, backend, threads, debug)
     if summary is None:  # a rank other than 0 under torchrun

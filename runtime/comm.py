@@ -28,7 +28,7 @@ import torch.distributed as dist
 from optimizer.errors import PipeschedError
 from optimizer.schedule import Op
 from runtime.issue import IssueOrder
-from runtime.plan import ACTIVATION, Message, RankPlan
+from runtime.plan import ACTIVATION, HIDDEN, Message, RankPlan
 
 
 class CommError(PipeschedError):
@@ -103,7 +103,8 @@ class P2P:
         rank = self.plan.rank
         for message in messages:
             if message.dst == rank:
-                spec = self.outputs[message.stage - 1 if message.kind == ACTIVATION else message.stage]
+                # An activation (or the hidden states, "stage" num_stages) is the previous stage's output.
+                spec = self.outputs[message.stage - 1 if message.kind in (ACTIVATION, HIDDEN) else message.stage]
                 shape = spec.shape
                 if self.slice_bounds is not None:  # a slice's tensor holds its own tokens only
                     start, end = self.slice_bounds[message.slice]
@@ -127,11 +128,15 @@ class P2P:
             for work in works:
                 work.wait(self.timeout)
         except Exception as exc:  # the backends raise RuntimeError or DistBackendError
-            text = str(exc).strip()
-            first_line = text.splitlines()[0] if text else exc.__class__.__name__
-            first_line = re.sub(r"^\[[^\]]*\]\s*", "", first_line)  # gloo's "[file.cc:line]" prefix
-            if "timed out" in first_line.lower() or "timeout" in first_line.lower():
-                reason = f"no transfer within {self.timeout.total_seconds():g} s"
-            else:
-                reason = f"the transfer failed ({first_line[:160]})"
+            reason = failure_reason(exc, self.timeout, "transfer")
             raise CommError(f"rank {rank} {where}: {message.describe()} {direction} rank {peer}: {reason}") from None
+
+
+def failure_reason(exc: BaseException, timeout: datetime.timedelta, what: str) -> str:
+    """A backend's failure in a few words: a timeout, or its message's first line."""
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else exc.__class__.__name__
+    first_line = re.sub(r"^\[[^\]]*\]\s*", "", first_line)  # gloo's "[file.cc:line]" prefix
+    if "timed out" in first_line.lower() or "timeout" in first_line.lower():
+        return f"no {what} within {timeout.total_seconds():g} s"
+    return f"the {what} failed ({first_line[:160]})"

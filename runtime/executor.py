@@ -10,6 +10,11 @@ The optimizer step is the caller's, after the step.
 With token slices every op is one slice's: the first stage takes the slice's tokens,
 the last stage the slice's targets, and what passes between stages is the slice's part
 (runtime/slicing.py, runtime/stage.py).
+
+With vocabulary passes (runtime/vocab_runner.py) the first stage takes the summed
+sharded embeddings and gives its input gradient back to them; the last stage's F output
+goes to this rank's S and to every other rank's; S and T run this rank's shard; the last
+stage's backward starts from dh, delivered by a collective.
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from optimizer.ops import VOCAB_KINDS
 from optimizer.schedule import Op
+from runtime.collectives import op_collectives
 from runtime.comm import P2P
 from runtime.issue import op_transfers
 from runtime.memory import MemoryMeter
 from runtime.models import LossFn
-from runtime.plan import ACTIVATION, GRADIENT, Message, RankPlan
+from runtime.plan import ACTIVATION, GRADIENT, HIDDEN, Message, RankPlan
 from runtime.stage import StageRunner
+from runtime.vocab_runner import VocabRunner
 
 
 @dataclass
@@ -46,7 +54,7 @@ class OpTiming:
 @dataclass
 class StepResult:
     seconds: float  # from the step start to the last op and send done on this rank
-    loss: float | None  # on the rank holding the last stage
+    loss: float | None  # on the rank holding the last stage (on every rank with vocabulary passes)
     timings: list[OpTiming] = field(default_factory=list)
 
 
@@ -61,61 +69,104 @@ class Executor:
         meter: MemoryMeter | None = None,
         synchronize: bool = False,
         slice_bounds: list[tuple[int, int]] | None = None,  # token slices: [a_k, b_k) per slice
+        vocab: VocabRunner | None = None,  # this rank's vocabulary shard, for a plan with vocabulary passes
     ):
         self.plan = plan
         self.p2p = p2p
         self.device = device
         # Whole sequences for every slice's op would count each token K times.
         assert (slice_bounds is None) == (plan.num_slices == 1), "a sliced plan runs with its slices' token ranges"
+        assert (vocab is None) == (plan.vocab_barriers == 0), "a plan with vocabulary passes runs with a shard"
         self.slice_bounds = slice_bounds
+        self.vocab = vocab
+        stage_loss = loss_fn if vocab is None else None  # the vocabulary passes compute the loss
         self.runners = {
-            s: StageRunner(module, s, plan.num_stages, plan.num_microbatches, loss_fn, meter, slice_bounds) for s, module in modules.items()
+            s: StageRunner(
+                module, s, plan.num_stages, plan.num_microbatches, stage_loss, meter, slice_bounds, input_gradient=vocab is not None
+            )
+            for s, module in modules.items()
         }
         # Per-op timings on a GPU need the device idle at each boundary (profiling only).
         self.synchronize = synchronize and device.type == "cuda"
         self._handed: dict[tuple[str, int, int, int], torch.Tensor] = {}
-        # The same per-op transfers the pairing check replays (runtime/pairing.py).
+        # The same per-op transfers and collectives the pairing check replays (runtime/pairing.py).
         self._transfers = op_transfers(plan)
+        self._collectives = op_collectives(plan)
 
     def run_step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], record: bool = False) -> StepResult:
-        """Run this rank's ops for one step; `inputs`/`targets` are per microbatch."""
+        """Run this rank's ops for one step; `inputs`/`targets` are per microbatch (with
+        vocabulary passes every rank gets both: the tokens are embedded on every rank)."""
         for runner in self.runners.values():
             runner.start_step()
         self._handed.clear()
         timings: list[OpTiming] = []
         start = time.perf_counter()
+        if self.vocab is not None:
+            inputs = self.vocab.start_step(inputs)  # before any transfer of the step is issued
         self.p2p.start_step()
-        for op, transfers in zip(self.plan.ops, self._transfers, strict=True):
+        for op, transfers, collectives in zip(self.plan.ops, self._transfers, self._collectives, strict=True):
             op_start = time.perf_counter()
-            waited_before = self.p2p.wait_seconds
-            self._run(op, transfers.receive, transfers.send, inputs, targets)
+            waited_before = self._waited()
+            if self.vocab is not None:
+                for stream, j in collectives.waits:
+                    self.vocab.wait(stream, j, f"at {op}")
+            self._run(op, transfers.receive, transfers.sends, inputs, targets)
+            if self.vocab is not None:
+                for stream, j in collectives.feeds:
+                    self.vocab.feed(stream, j)
             if self.synchronize:
                 torch.cuda.synchronize(self.device)
             if record:
                 now = time.perf_counter()
-                timings.append(OpTiming(op, op_start - start, now - start, self.p2p.wait_seconds - waited_before))
+                timings.append(OpTiming(op, op_start - start, now - start, self._waited() - waited_before))
         self.p2p.finish_step()
+        last = self.plan.num_stages - 1
+        loss = self.runners[last].step_loss() if last in self.runners else None
+        if self.vocab is not None:
+            loss = self.vocab.finish_step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
-        last = self.plan.num_stages - 1
-        loss = self.runners[last].step_loss() if last in self.runners else None
         return StepResult(seconds, loss, timings)
 
-    def _run(self, op: Op, receive: Message | None, send: Message | None, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
-        runner = self.runners[op.stage]
+    def _waited(self) -> float:
+        return self.p2p.wait_seconds + (self.vocab.wait_seconds if self.vocab is not None else 0.0)
+
+    def _run(
+        self, op: Op, receive: Message | None, sends: tuple[Message, ...], inputs: list[torch.Tensor], targets: list[torch.Tensor]
+    ) -> None:
         s, mb, k = op.stage, op.microbatch, op.slice
+        if op.kind in VOCAB_KINDS:  # `stage` is the shard: this rank's
+            assert self.vocab is not None, "vocabulary passes run with a shard"
+            if op.kind == "S":
+                self.vocab.forward(mb, self._take((HIDDEN, self.plan.num_stages, mb, k), receive, op), targets[mb])
+            else:
+                self.vocab.backward(mb)
+            return
+        runner = self.runners[s]
+        hidden = self.vocab is not None and s == self.plan.num_stages - 1  # its output goes to the vocabulary passes
         if op.kind == "F":
-            x = self._tokens(inputs[mb], k) if s == 0 else self._take(ACTIVATION, op, receive)
+            x = self._tokens(inputs[mb], k) if s == 0 else self._take((ACTIVATION, s, mb, k), receive, op)
             out = runner.forward(mb, x, self._tokens(targets[mb], k) if runner.last else None, k)
-            if not runner.last:
-                self._give(ACTIVATION, s + 1, mb, k, out, send)
+            if hidden:
+                self._give((HIDDEN, s + 1, mb, k), out, sends, local=True)  # every rank's S, this one's too
+            elif not runner.last:
+                self._give((ACTIVATION, s + 1, mb, k), out, sends, local=not sends)
         elif op.kind in ("B", "BW"):
-            grad = None if runner.last else self._take(GRADIENT, op, receive)
+            if runner.last:
+                grad = None
+            elif hidden:
+                assert self.vocab is not None
+                grad = self.vocab.input_gradient(mb)
+            else:
+                grad = self._take((GRADIENT, s, mb, k), receive, op)
             grad_in = runner.backward_input(mb, grad, k) if op.kind == "B" else runner.backward_fused(mb, grad, k)
             if s > 0:
                 assert grad_in is not None, "a stage after the first passes an input gradient on"
-                self._give(GRADIENT, s - 1, mb, k, grad_in, send)
+                self._give((GRADIENT, s - 1, mb, k), grad_in, sends, local=not sends)
+            elif self.vocab is not None:
+                assert grad_in is not None, "the first stage gives its input gradient to the sharded embedding"
+                self.vocab.embedding_gradient(mb, grad_in)
         else:
             runner.backward_weight(mb, k)
 
@@ -126,14 +177,14 @@ class Executor:
         start, end = self.slice_bounds[slice]
         return batch[:, start:end]
 
-    def _take(self, kind: str, op: Op, receive: Message | None) -> torch.Tensor:
-        """The input `op` consumes: handed over on this rank, or received."""
-        if receive is None:  # the other stage is on this rank
-            return self._handed.pop((kind, op.stage, op.microbatch, op.slice))
+    def _take(self, key: tuple[str, int, int, int], receive: Message | None, op: Op) -> torch.Tensor:
+        """The input `op` consumes (key: kind, consuming stage, microbatch, slice): handed over on this rank, or received."""
+        if receive is None:  # the producing op is on this rank
+            return self._handed.pop(key)
         return self.p2p.take(receive, op)
 
-    def _give(self, kind: str, stage: int, mb: int, slice: int, tensor: torch.Tensor, send: Message | None) -> None:
-        if send is None:
-            self._handed[(kind, stage, mb, slice)] = tensor  # same device: no communication
-        else:
+    def _give(self, key: tuple[str, int, int, int], tensor: torch.Tensor, sends: tuple[Message, ...], local: bool) -> None:
+        if local:
+            self._handed[key] = tensor  # same device: no communication
+        for send in sends:
             self.p2p.send(send, tensor)

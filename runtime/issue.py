@@ -14,34 +14,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.plan import ACTIVATION, GRADIENT, Message, RankPlan
+from runtime.plan import ACTIVATION, GRADIENT, HIDDEN, Message, RankPlan
 
 
 @dataclass(frozen=True)
 class OpTransfers:
-    """The message an op waits for before it runs and the one its output becomes."""
+    """The message an op waits for before it runs and those its output becomes."""
 
     receive: Message | None
-    send: Message | None
+    sends: tuple[Message, ...] = ()
 
 
 def op_transfers(plan: RankPlan) -> tuple[OpTransfers, ...]:
-    """Per op of `plan.ops`, in order, what it receives and sends (None: local or none)."""
+    """Per op of `plan.ops`, in order, what it receives and sends (None, (): local or none).
+
+    A vocabulary-parallel last stage's F sends its output to every other device's S.
+    """
     incoming: dict[tuple[str, int, int, int], Message] = {}
-    outgoing: dict[tuple[str, int, int, int], Message] = {}
+    outgoing: dict[tuple[str, int, int, int], list[Message]] = {}
     for messages in plan.peer_messages.values():
         for message in messages:
             key = (message.kind, message.stage, message.microbatch, message.slice)
-            (incoming if message.dst == plan.rank else outgoing)[key] = message
+            if message.dst == plan.rank:
+                incoming[key] = message
+            else:
+                outgoing.setdefault(key, []).append(message)
+    last = plan.num_stages - 1
     found = []
     for op in plan.ops:
         mb, k = op.microbatch, op.slice
         if op.kind == "F":
-            found.append(OpTransfers(incoming.get((ACTIVATION, op.stage, mb, k)), outgoing.get((ACTIVATION, op.stage + 1, mb, k))))
+            sends = outgoing.get((ACTIVATION, op.stage + 1, mb, k), [])
+            if op.stage == last:
+                sends = outgoing.get((HIDDEN, plan.num_stages, mb, k), [])
+            found.append(OpTransfers(incoming.get((ACTIVATION, op.stage, mb, k)), tuple(sends)))
         elif op.kind in ("B", "BW"):
-            found.append(OpTransfers(incoming.get((GRADIENT, op.stage, mb, k)), outgoing.get((GRADIENT, op.stage - 1, mb, k))))
+            found.append(OpTransfers(incoming.get((GRADIENT, op.stage, mb, k)), tuple(outgoing.get((GRADIENT, op.stage - 1, mb, k), []))))
+        elif op.kind == "S":
+            found.append(OpTransfers(incoming.get((HIDDEN, plan.num_stages, mb, k))))
         else:
-            found.append(OpTransfers(None, None))
+            found.append(OpTransfers(None))
     return tuple(found)
 
 

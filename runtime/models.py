@@ -58,6 +58,31 @@ class PipelineModel:
     stages: Sequence[nn.Module]
     loss_fn: LossFn
     make_batch: BatchFn
+    vocabulary: Callable[[], VocabularyStages] | None = None  # for vocabulary-parallel schedules
+
+
+@dataclass
+class VocabularyStages:
+    """What a model offers to run vocabulary-parallel schedules: its stages without the
+    token embedding and the output layer, which then run sharded over every device
+    (runtime/vocab.py), and those two weights.
+
+    - `stages`: as `PipelineModel.stages`, but stage 0 takes the token embeddings
+      (microbatch x tokens x hidden, floating point) and the last stage returns the
+      hidden states the output layer takes (after the final norm).
+    - `embedding`, `head`: the token embedding and the bias-free output layer weights,
+      vocabulary x hidden each. The loss is then the mean softmax cross-entropy of the
+      logits h head^T, whatever `loss_fn` says.
+    - `embedding_name`, `head_name`: the names of these weights among the first and the
+      last stage's parameters in `PipelineModel.stages`, where `--check`'s reference finds
+      their gradients.
+    """
+
+    stages: Sequence[nn.Module]
+    embedding: torch.Tensor
+    head: torch.Tensor
+    embedding_name: str
+    head_name: str
 
 
 # ---------------------------------------------------------------------------- the example GPT
@@ -127,6 +152,7 @@ class GPTStage(nn.Module):
     def __init__(self, config: GPTConfig, num_layers: int, first: bool, last: bool):
         super().__init__()
         self.first, self.last = first, last
+        self.vocabulary_outside = False  # the embedding and head run sharded elsewhere
         if first:
             self.tok_emb = nn.Embedding(config.vocab, config.hidden)
             self.pos_emb = nn.Embedding(config.seq_len, config.hidden)
@@ -139,12 +165,23 @@ class GPTStage(nn.Module):
         if self.first:
             start = cache.start if cache is not None else 0
             positions = torch.arange(start, start + x.shape[1], device=x.device)
-            x = self.tok_emb(x) + self.pos_emb(positions)
+            x = (x if self.vocabulary_outside else self.tok_emb(x)) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x, cache)
         if self.last:
-            x = self.head(self.ln_f(x))
+            x = self.ln_f(x)
+            if not self.vocabulary_outside:
+                x = self.head(x)
         return x
+
+    def remove_vocabulary(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Drop the token embedding and the output layer; returns their weights (None where absent)."""
+        self.vocabulary_outside = True
+        embedding = self.tok_emb.weight.detach() if self.first else None
+        head = self.head.weight.detach() if self.last else None
+        for name in ("tok_emb", "head"):
+            self._modules.pop(name, None)
+        return embedding, head
 
 
 def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -182,7 +219,25 @@ def build_example(config: GPTConfig, num_stages: int, split: list[int] | None = 
         tokens = torch.randint(config.vocab, shape, generator=generator)
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    return PipelineModel(stages, gpt_loss, make_batch)
+    def vocabulary() -> VocabularyStages:
+        # The same stages built again (same seeds, same weights), without the vocabulary layers.
+        rebuilt = [stage for stage in build_example(config, num_stages, split).stages if isinstance(stage, GPTStage)]
+        removed = [stage.remove_vocabulary() for stage in rebuilt]
+        embedding, head = removed[0][0], removed[-1][1]
+        assert embedding is not None and head is not None
+        return VocabularyStages(rebuilt, embedding, head, "tok_emb.weight", "head.weight")
+
+    return PipelineModel(stages, gpt_loss, make_batch, vocabulary)
+
+
+def vocabulary_stages(model: PipelineModel, name: str, source: str) -> VocabularyStages:
+    """The model's stages for a vocabulary-parallel schedule; refuses a model that offers none."""
+    if model.vocabulary is None:
+        raise InputError(f"model: {name} offers no vocabulary-sharded output layer (PipelineModel.vocabulary), which {source} needs")
+    offered = model.vocabulary()
+    if offered.embedding.dim() != 2 or offered.head.shape != offered.embedding.shape:
+        raise InputError(f"model: {name}'s vocabulary weights must both be vocabulary x hidden")
+    return offered
 
 
 # ---------------------------------------------------------------------------- by name

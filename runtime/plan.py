@@ -25,7 +25,7 @@ from optimizer.schedule import Op, Schedule, ScheduleError, TimedOp
 from optimizer.simulate import simulate_times
 from optimizer.validate import validate
 
-ACTIVATION, GRADIENT = "activation", "gradient"
+ACTIVATION, GRADIENT, HIDDEN = "activation", "gradient", "hidden"
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class Message:
     """One tensor from `src` to `dst`: the input `kind` of `stage` for `microbatch` (and `slice`)."""
 
     tag: int  # index in the global order; unique, so gloo can match on it
-    kind: str  # ACTIVATION (input of F(stage)) or GRADIENT (output grad of B(stage))
-    stage: int  # the consuming stage
+    kind: str  # ACTIVATION (input of F(stage)), GRADIENT (output grad of B(stage)) or HIDDEN (input of S)
+    stage: int  # the consuming stage; num_stages for HIDDEN (the vocabulary passes after the last)
     microbatch: int
     src: int
     dst: int
@@ -42,8 +42,10 @@ class Message:
     slice: int = 0
 
     def describe(self) -> str:
-        what = "activation" if self.kind == ACTIVATION else "gradient"
         label = f"{self.microbatch}.{self.slice}" if self.slice else str(self.microbatch)
+        if self.kind == HIDDEN:
+            return f"hidden states for the vocabulary passes mb {label}"
+        what = "activation" if self.kind == ACTIVATION else "gradient"
         return f"{what} for stage {self.stage} mb {label}"
 
 
@@ -60,6 +62,7 @@ class RankPlan:
     peer_messages: dict[int, tuple[Message, ...]]  # peer -> messages to or from it, in order
     predicted_makespan: float
     slice_shares: tuple[float, ...] = (1.0,)  # per token slice: its share of the tokens
+    vocab_barriers: int = 0  # collectives per microbatch of the vocabulary passes; 0: none (runtime/vocab.py)
 
     @property
     def num_slices(self) -> int:
@@ -93,6 +96,7 @@ def build_plans(schedule: Schedule, world_size: int, source: str = "schedule") -
     problem = schedule.problem
     device_of = tuple(stage.device for stage in problem.stages)
     num_stages = problem.num_stages
+    vocab_parallel = problem.vocab_parallel is not None
 
     pending: list[tuple[float, int, int, str, int, int, int]] = []
     for device, ops in enumerate(timed):
@@ -101,6 +105,14 @@ def build_plans(schedule: Schedule, world_size: int, source: str = "schedule") -
                 pending.append((op.end, device, device_of[op.stage + 1], ACTIVATION, op.stage + 1, op.microbatch, op.slice))
             if op.kind in ("B", "BW") and op.stage > 0 and device_of[op.stage - 1] != device:
                 pending.append((op.end, device, device_of[op.stage - 1], GRADIENT, op.stage - 1, op.microbatch, op.slice))
+        if vocab_parallel:  # the last stage's output goes to every device's S
+            pending += [
+                (op.end, device, other, HIDDEN, num_stages, op.microbatch, op.slice)
+                for op in ops
+                if op.kind == "F" and op.stage == num_stages - 1
+                for other in range(world_size)
+                if other != device
+            ]
     pending.sort()
     messages = [Message(tag, kind, stage, mb, src, dst, time, k) for tag, (time, src, dst, kind, stage, mb, k) in enumerate(pending)]
     makespan = max((op.end for ops in timed for op in ops), default=0.0)
@@ -123,6 +135,13 @@ def build_plans(schedule: Schedule, world_size: int, source: str = "schedule") -
                 peer_messages={peer: tuple(msgs) for peer, msgs in per_peer.items()},
                 predicted_makespan=makespan,
                 slice_shares=problem.slice_shares(),
+                vocab_barriers=problem.vocab_parallel.barriers if problem.vocab_parallel is not None else 0,
             )
         )
+    if vocab_parallel:
+        from runtime.pairing import pairing_deadlock  # it builds on the plans: imported here, not above
+
+        stuck = pairing_deadlock(plans, by_order=False)  # the collectives' order, with gloo's matching of transfers
+        if stuck is not None:
+            raise InputError(f"{source}: its vocabulary collectives cannot run in microbatch order on every rank: {stuck}")
     return plans

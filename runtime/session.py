@@ -4,7 +4,9 @@
 the world, builds the model (every rank the same way, keeping its own stages), learns
 the shape of every stage output with one no-grad forward of the first microbatch, cuts
 the token slices of a sliced schedule from the model's sequence length, and wires the
-executor. `step` runs one timed training step with the ranks started
+executor. A vocabulary-parallel schedule runs the model's stages without the token
+embedding and output layer, and this rank's shard of those two (runtime/vocab_runner.py)
+with one process group per collective stream. `step` runs one timed training step with the ranks started
 together, so a step's time is comparable with a simulated makespan.
 """
 
@@ -16,16 +18,20 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 
 from optimizer.errors import InputError
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
+from runtime.collectives import streams
 from runtime.comm import P2P, TensorSpec
 from runtime.executor import Executor, StepResult
 from runtime.memory import MemoryMeter
-from runtime.models import PipelineModel, load_model
+from runtime.models import PipelineModel, VocabularyStages, load_model, vocabulary_stages
 from runtime.plan import RankPlan, build_plans
 from runtime.slicing import slice_bounds
+from runtime.vocab import VocabShard, shard_bounds
+from runtime.vocab_runner import VocabRunner
 
 
 @dataclass
@@ -37,6 +43,7 @@ class Session:
     optimizer: torch.optim.Optimizer | None
     device: torch.device
     meter: MemoryMeter | None
+    vocab: VocabRunner | None = None  # this rank's vocabulary shard (vocabulary-parallel schedules)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.make_batch(step, self.plan.num_microbatches)
@@ -48,6 +55,8 @@ class Session:
         if inputs.shape[0] % m:
             raise InputError(f"model: batch of {inputs.shape[0]} does not split into {m} equal microbatches")
         first, last = 0 in self.modules, self.plan.num_stages - 1 in self.modules
+        if self.plan.vocab_barriers:  # every rank embeds its shard's tokens and scores its shard's logits
+            first = last = True
         mb_inputs = [x.to(self.device) for x in inputs.chunk(m)] if first else []
         mb_targets = [y.to(self.device) for y in targets.chunk(m)] if last else []
         dist.barrier()  # start together: a step's time is then the pipeline's, not a straggler's
@@ -58,6 +67,8 @@ class Session:
             self.optimizer.step()
         for module in self.modules.values():
             module.zero_grad(set_to_none=True)
+        if self.vocab is not None:
+            self.vocab.shard.zero_grad(set_to_none=True)
 
 
 def output_specs(stages: Sequence[nn.Module], example_input: torch.Tensor) -> list[TensorSpec]:
@@ -102,12 +113,41 @@ def open_session(
     model = load_model(model_name, plan.num_stages, model_problem)
     example_inputs, _ = model.make_batch(0, plan.num_microbatches)
     first_microbatch = example_inputs.chunk(plan.num_microbatches)[0]
-    specs = output_specs(model.stages, first_microbatch)
+    stages, vocab = model.stages, None
+    if plan.vocab_barriers:
+        offered = vocabulary_stages(model, model_name, source)
+        stages = offered.stages
+        vocab = VocabRunner(vocab_shard(offered, world_size, rank, model_name).to(device), plan, vocab_groups(plan), timeout_s)
+        first_microbatch = F.embedding(first_microbatch, offered.embedding)  # what stage 0 takes
+    specs = output_specs(stages, first_microbatch)
     bounds = token_slices(model, plan, first_microbatch, model_name, source)
-    modules = {s: model.stages[s].to(device) for s in plan.stages}
+    modules = {s: stages[s].to(device) for s in plan.stages}
     params = [p for module in modules.values() for p in module.parameters()]
+    if vocab is not None:
+        params += list(vocab.shard.parameters())
     meter = MemoryMeter(device, params) if measure_memory else None
     p2p = P2P(plan, specs, device, timeout_s, bounds)
-    executor = Executor(plan, modules, model.loss_fn, p2p, device, meter=meter, synchronize=measure_memory, slice_bounds=bounds)
+    executor = Executor(
+        plan, modules, model.loss_fn, p2p, device, meter=meter, synchronize=measure_memory, slice_bounds=bounds, vocab=vocab
+    )
     optimizer = torch.optim.AdamW(params, lr=1e-3) if params else None
-    return Session(plan, model, modules, executor, optimizer, device, meter)
+    return Session(plan, model, modules, executor, optimizer, device, meter, vocab)
+
+
+def vocab_shard(offered: VocabularyStages, world_size: int, rank: int, model_name: str) -> VocabShard:
+    """This rank's rows of the model's token embedding and output layer."""
+    vocab = offered.embedding.shape[0]
+    if vocab < world_size:
+        raise InputError(f"model: {model_name} has a vocabulary of {vocab}, fewer rows than the {world_size} devices to shard it over")
+    names = (offered.embedding_name, offered.head_name)
+    return VocabShard(offered.embedding, offered.head, shard_bounds(vocab, world_size)[rank], names)
+
+
+def vocab_groups(plan: RankPlan) -> dict[str, dist.ProcessGroup]:
+    """One process group per collective stream, so that each stream's order is its own."""
+    groups = {}
+    for stream in streams(plan.vocab_barriers):
+        group = dist.new_group(list(range(plan.world_size)))
+        assert group is not None, "every rank is a member"
+        groups[stream] = group
+    return groups

@@ -44,21 +44,22 @@ class StageRunner:
         index: int,
         num_stages: int,
         num_microbatches: int,
-        loss_fn: LossFn,
+        loss_fn: LossFn | None,  # None: the last stage's output gets its gradient from outside (vocabulary passes)
         meter: MemoryMeter | None = None,
         slice_bounds: list[tuple[int, int]] | None = None,
+        input_gradient: bool = False,  # the first stage's input gradient is wanted (a sharded embedding's)
     ):
         self.module = module
         self.index = index
         self.first = index == 0
-        self.last = index == num_stages - 1
+        self.last = index == num_stages - 1 and loss_fn is not None  # ends with the loss
         self.num_microbatches = num_microbatches
         self.loss_fn = loss_fn
         self.meter = meter
         self.split = SplitBackward(list(module.parameters()))
         # A first stage has no input gradient to pass on, so its B is skipped unless the
         # module asks for it (the synthetic model, whose B has a time of its own).
-        self.input_gradient = getattr(module, "input_gradient_on_first_stage", False)
+        self.input_gradient = input_gradient or getattr(module, "input_gradient_on_first_stage", False)
         self._loss: torch.Tensor | None = None  # this step's loss so far (last stage only)
         self._in_flight: dict[tuple[int, int], _InFlight] = {}  # (microbatch, slice) -> state
         # Token slices: [a_k, b_k) per slice, or None for whole sequences.
@@ -79,7 +80,7 @@ class StageRunner:
         with meter.forward(self.index) if meter is not None else nullcontext(lambda out: None) as keep:
             out = self.module(x) if cache is None else self.module(x, cache)
             if self.last:
-                assert target is not None, "the last stage computes the loss from the targets"
+                assert target is not None and self.loss_fn is not None, "the last stage computes the loss from the targets"
                 out = self.loss_fn(out, target) / self.num_microbatches
                 if self.slice_bounds is not None:
                     start, end = self.slice_bounds[slice]

@@ -37,7 +37,7 @@ class RunJob:
 
 
 def run_rank(job: RunJob, rank: int, world_size: int, device: torch.device) -> dict | None:
-    from runtime.check import compare_gradients, loss_matches, reference_step
+    from runtime.check import compare_gradients, compare_shard, loss_matches, reference_step
     from runtime.models import load_model
     from runtime.session import open_session
 
@@ -52,6 +52,9 @@ def run_rank(job: RunJob, rank: int, world_size: int, device: torch.device) -> d
             inputs, targets = session.batch(0)
             reference = reference_step(load_model(job.model, session.plan.num_stages, schedule.problem), inputs, targets)
             mismatches, worst, count = compare_gradients(session.modules, reference)
+            if session.vocab is not None:
+                more, worst_shard, shard_count = compare_shard(session.vocab.shard, reference)
+                mismatches, worst, count = mismatches + more, max(worst, worst_shard), count + shard_count
             loss_ok = result.loss is None or loss_matches(result.loss, reference.loss)
             check_report = (mismatches, worst, count, loss_ok, result.loss, reference.loss)
         session.update()

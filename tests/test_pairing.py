@@ -95,8 +95,8 @@ def test_the_executor_issues_one_transfer_per_message_in_the_checked_order(monke
     for op, transfers in zip(plan.ops, op_transfers(plan), strict=True):
         if transfers.receive is not None:
             p2p.take(transfers.receive, op)
-        if transfers.send is not None:
-            p2p.send(transfers.send, torch.zeros(2))
+        for send in transfers.sends:
+            p2p.send(send, torch.zeros(2))
     p2p.finish_step()
     for peer, messages in plan.peer_messages.items():
         expected = [("recv" if m.dst == plan.rank else "send", peer, m.tag) for m in messages]
