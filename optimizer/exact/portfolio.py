@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from optimizer.exact import devicebound
+from optimizer.exact import devicebound, localsearch
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import Candidate, candidate, generator_candidates
@@ -45,6 +45,8 @@ PERIODIC_SHARE = 0.2
 # known schedule is optimal (ZB-H1 at 1F1B's memory: 2-36 s at p = 8-16 on 2 loaded
 # cores), and nothing else can close the gap, so it gets more.
 RELAXATION_SHARE = {"makespan": 0.3, "span": 0.5}
+# Share of the time left after the starting points that the order search takes.
+ORDER_SEARCH_SHARE = 0.5
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
@@ -125,6 +127,20 @@ def window_search(problem: Problem, tables: IntegerTables, options: SolveOptions
     )
 
 
+def order_search(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
+    start = tracker.best
+    assert start is not None, "the order search starts from an incumbent"
+    origin = tracker.best_by
+    localsearch.local_search(
+        problem,
+        start.order(),
+        deadline=until,
+        seed=options.seed,
+        objective=options.objective,
+        on_improve=lambda schedule: tracker.offer(schedule, f"local({origin})"),
+    )
+
+
 @dataclass(frozen=True)
 class Phase:
     """One step of `auto` after the starting points.
@@ -158,6 +174,10 @@ def _large_unsliced(problem: Problem, options: SolveOptions) -> bool:
     # so it still applies where fusing could win (it just never fuses).
     # Nor vocabulary passes (their collectives tie every device to every microbatch).
     return _large(problem, options) and problem.num_slices == 1 and problem.vocab_parallel is None
+
+
+def _orderable(problem: Problem, options: SolveOptions) -> bool:
+    return localsearch.applicable(problem)
 
 
 def _relaxable(problem: Problem, options: SolveOptions) -> bool:
@@ -213,6 +233,10 @@ def periodic_patterns(problem: Problem, tables: IntegerTables, options: SolveOpt
 # The steps of `auto` after the starting points, in order. Adding a model or a heuristic
 # is one module plus one line here.
 PHASES: tuple[Phase, ...] = (
+    # Under a tight memory limit the known schedules' steady state and warm-up are far
+    # from the bound (V placement at V-Min's level: 25-30% bubble); moving single ops
+    # and repeating swaps in every round shortens them, cheaply, for any placement.
+    Phase("order search", _orderable, ORDER_SEARCH_SHARE, order_search),
     # At p = 8, m = 16 under a tight limit the relaxations lift the makespan bound from
     # 88.7 to 92.5 (optimum <= 94) in ~15 s, where the whole model proves nothing above
     # 88.7 in minutes; under the span objective one device alone proves ZB-H1 optimal at
