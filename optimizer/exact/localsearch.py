@@ -2,14 +2,22 @@
 
 A move takes one op of one device and re-inserts it a few positions earlier or later in
 that device's order (a W moved into a wait, an F pulled into the warm-up or pushed out
-of it, two neighbours swapped). A move is kept when the objective (longest device span,
-or makespan) gets no worse and a tie-breaker (the sum of device spans, then the sum of
-all ends) improves or stays; ties are accepted so the search can walk along plateaus.
+of it, two neighbours swapped); ops are picked on the critical chain of the device that
+sets the objective, next to idle time, or anywhere. A repeated move makes the same move
+in every round of the steady state at once (the same class moved past the same
+neighbouring classes at the same microbatch distance): under a tight limit the span is
+set by the peak memory of the rounds, which moves only when every round changes.
+
+A move is kept when the objective (longest device span, or makespan) gets no worse and
+a tie-breaker (the sum of device spans, then the sum of all ends) improves or stays:
+ties walk the plateaus. After a first share of plain descent, a move may also lengthen
+the objective by a random allowance that shrinks to nothing at the end (threshold
+accepting), which lets the search leave a rigid local optimum; the best order seen is
+what it returns.
 
 Invariants, and why they hold:
 * Every order kept fits the memory limit: memory on a device depends on its order only
-  (optimizer.schedule.peak_memory), so a move is checked on the moved range's prefix
-  sums before it is timed.
+  (optimizer.schedule.peak_memory), so a move is checked on prefix sums before timing.
 * Every order kept is deadlock-free: the re-timing refuses an order that cannot finish.
 * Each class of ops (kind and stage) keeps microbatch order: a move never passes an op
   of its own class. Such orders lose nothing (optimizer.exact.canonical) and moves
@@ -17,15 +25,16 @@ Invariants, and why they hold:
 * Timing is exact and incremental: an op that started before the moved range's first
   possible start cannot depend on the moved ops (durations and delays are not
   negative), so its times are kept and only the rest is re-simulated with
-  optimizer.simulate's as-soon-as-possible rule. The result is re-simulated by
-  optimizer.simulate before it leaves this module.
+  optimizer.simulate's as-soon-as-possible rule (tested against it). The result is
+  simulated by optimizer.simulate before it leaves this module.
 
 Deterministic for a seed and a number of moves (`max_moves`); with a deadline alone,
-how far it gets depends on the machine's speed.
+how far it gets (and how fast the allowance shrinks) depends on the machine's speed.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from bisect import bisect_left
@@ -46,9 +55,14 @@ MAX_SHIFT = 6
 _CLOCK_EVERY = 16
 # Share of the moves taken on the critical chain (the rest anywhere, near idle time).
 CRITICAL_SHARE = 0.5
-# Share of the moves that swap two neighbours in every round where the same pair of
-# classes, at the same microbatch distance, meet (the steady state changed at once).
+# Share of the moves made in every round at once: the same op class moved past the same
+# neighbours' classes at the same microbatch distance (the steady state changed at once;
+# under a tight limit the peak, and so the span, moves only when every round changes).
 REPEAT_SHARE = 0.3
+# Mean allowance for a longer objective at the start, relative to the starting objective.
+HEAT = 0.002
+# Share of the run spent in plain descent before any allowance.
+DESCENT_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -299,14 +313,26 @@ def local_search(
     best_primary, best_orders = current_score[0], [list(seq) for seq in current]
     rng = random.Random(seed)
     p = len(current)
-    reported = time.monotonic()
+    reported = began = time.monotonic()
     moves = 0
+    # Threshold accepting: a move may lengthen the objective by a random allowance that
+    # shrinks to nothing by the end, so the search can leave a rigid local optimum
+    # (under a tight limit almost every single move lengthens the span).
+    heat = HEAT * current_score[0]
+    allowance = cooled = 0.0
     chain: list[tuple[int, int]] | None = None
     try:
         while max_moves is None or moves < max_moves:
             if moves % _CLOCK_EVERY == 0 and time.monotonic() >= deadline:
                 break
             moves += 1
+            if max_moves is not None:
+                cooled = moves / max_moves
+            else:
+                cooled = (time.monotonic() - began) / max(1e-9, deadline - began) if moves % _CLOCK_EVERY == 1 else cooled
+            # Plain descent first (short runs gain most from it), then the allowance.
+            warmth = 0.0 if cooled < DESCENT_SHARE else (1.0 - cooled) / (1.0 - DESCENT_SHARE)
+            allowance = heat * warmth * -math.log(1.0 - rng.random())
             if rng.random() < CRITICAL_SHARE:
                 if chain is None:
                     chain = timing.critical(objective)
@@ -325,26 +351,31 @@ def local_search(
             seq = current[d]
             if len(seq) < 2:
                 continue
+            j = min(len(seq) - 1, max(0, i + shift))
+            if j == i:
+                continue
             if rng.random() < REPEAT_SHARE:
-                swaps = _repeated_swaps(table, seq, min(i, len(seq) - 2))
-                if not swaps or not _device_fits(table, seq, swaps, table.limit[d]):
+                at = repeated_moves(table, seq, i, j - i)
+                if not at:
                     continue
-                undo = _swap_all(seq, swaps, timing.pos)
-                lo = swaps[0]
+                undo = _insert_all(seq, at, j - i, timing.pos)
+                if not device_fits(table, seq, table.limit[d]):
+                    undo()
+                    continue
+                lo = min(at[0], at[0] + j - i)
             else:
-                j = min(len(seq) - 1, max(0, i + shift))
-                if j == i or not move_fits(table, seq, i, j, table.limit[d]):
+                if not move_fits(table, seq, i, j, table.limit[d]):
                     continue
                 undo = _insert(seq, i, j, timing.pos)
                 lo = min(i, j)
-            cap = current_score[0] * (1 + _REL) + _REL
+            cap = current_score[0] * (1 + _REL) + _REL + allowance
             # Nothing at or after the moved range can start before its first position's
             # predecessor ends; everything that started earlier keeps its times.
             old = (timing.starts, timing.ends, timing.ends[d][lo - 1]) if lo > 0 else None
             starts, ends = retime(table, current, timing.pos, old, cap, objective == "span")
             if starts is not None and ends is not None:
                 new = score(starts, ends, objective)
-                if no_worse(new, current_score):
+                if new[0] <= cap and (new[0] > current_score[0] * (1 + _REL) or no_worse(new, current_score)):
                     timing.starts, timing.ends, current_score, chain = starts, ends, new, None
                     if new[0] < best_primary * (1 - _REL):
                         best_primary, best_orders = new[0], [list(s) for s in current]
@@ -380,49 +411,49 @@ def _renumber(seq: list[int], lo: int, hi: int, pos: list[int]) -> None:
         pos[seq[k]] = k
 
 
-def _repeated_swaps(table: OpTable, seq: list[int], i: int) -> list[int]:
-    """Positions k where seq[k], seq[k+1] are the classes of seq[i], seq[i+1] with the same
-    microbatch distance: the same swap in every round of a periodic order."""
-    cls, mb = table.cls, table.microbatch
-    x, y = seq[i], seq[i + 1]
+def repeated_moves(table: OpTable, seq: list[int], i: int, shift: int) -> list[int]:
+    """Positions k where moving seq[k] by `shift` is the move of seq[i] in another round:
+    seq[k] and seq[k + shift] of the same classes and microbatch distance as seq[i] and
+    seq[i + shift]. Rounds whose windows would overlap, or where the move would pass an
+    op of its own class or a dependency, are left out."""
+    cls, mb, pred = table.cls, table.microbatch, table.pred
+    x, y = seq[i], seq[i + shift]
     cx, cy, gap = cls[x], cls[y], mb[y] - mb[x]
-    if cx == cy or table.pred[y] == x:
-        return []
-    out = []
-    k = 0
-    while k < len(seq) - 1:
-        a, b = seq[k], seq[k + 1]
-        if cls[a] == cx and cls[b] == cy and mb[b] - mb[a] == gap:
-            out.append(k)
-            k += 2
-        else:
-            k += 1
+    out: list[int] = []
+    free_from = 0  # windows stay disjoint, so each move is applied on its own
+    for k in range(max(0, -shift), len(seq) - max(0, shift)):
+        a, b = seq[k], seq[k + shift]
+        if cls[a] != cx or cls[b] != cy or mb[b] - mb[a] != gap or min(k, k + shift) < free_from:
+            continue
+        lo, hi = (k + shift, k) if shift < 0 else (k + 1, k + shift + 1)
+        passed = seq[lo:hi]
+        if any(cls[z] == cx for z in passed):
+            continue
+        if (shift < 0 and pred[a] in passed) or (shift > 0 and any(pred[z] == a for z in passed)):
+            continue
+        out.append(k)
+        free_from = max(k, k + shift) + 1
     return out
 
 
-def _device_fits(table: OpTable, seq: list[int], swaps: list[int], limit: float) -> bool:
-    """Would the swapped device order stay within `limit`? (Only the swapped pairs' middle
-    prefix changes: it gains the second op's delta instead of the first's.)"""
-    memory = table.memory
-    usage = 0.0
-    at = 0
-    for k in swaps:
-        usage += sum(memory[o] for o in seq[at:k])
-        if usage + memory[seq[k + 1]] > limit:
+def device_fits(table: OpTable, seq: list[int], limit: float) -> bool:
+    memory, usage = table.memory, 0.0
+    for o in seq:
+        usage += memory[o]
+        if usage > limit:
             return False
-        usage += memory[seq[k]] + memory[seq[k + 1]]
-        at = k + 2
     return True
 
 
-def _swap_all(seq: list[int], swaps: list[int], pos: list[int]) -> Callable[[], None]:
-    def swap() -> None:
-        for k in swaps:
-            seq[k], seq[k + 1] = seq[k + 1], seq[k]
-            pos[seq[k]], pos[seq[k + 1]] = k, k + 1
+def _insert_all(seq: list[int], at: list[int], shift: int, pos: list[int]) -> Callable[[], None]:
+    """Move each seq[k], k in `at`, by `shift` (disjoint windows); returns the undo."""
+    undos = [_insert(seq, k, k + shift, pos) for k in at]
 
-    swap()
-    return swap  # swapping again undoes it
+    def undo() -> None:
+        for step in reversed(undos):
+            step()
+
+    return undo
 
 
 def _as_ops(table: OpTable, orders: list[list[int]]) -> list[list[Op]]:

@@ -46,7 +46,7 @@ PERIODIC_SHARE = 0.2
 # cores), and nothing else can close the gap, so it gets more.
 RELAXATION_SHARE = {"makespan": 0.3, "span": 0.5}
 # Share of the time left after the starting points that the order search takes.
-ORDER_SEARCH_SHARE = 0.5
+ORDER_SEARCH_SHARE = 0.6
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
