@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +46,15 @@ def candidate(problem: Problem, name: str, orders: Sequence[Sequence[Op]]) -> Ca
 
 
 def generator_candidates(
-    problem: Problem, deadline: float | None = None, *, essential: tuple[str, ...] = (), essential_deadline: float | None = None
+    problem: Problem,
+    deadline: float | None = None,
+    *,
+    essential: tuple[str, ...] = (),
+    essential_deadline: float | None = None,
+    which: Callable[[str], bool] | None = None,
 ) -> tuple[list[Candidate], dict[str, str]]:
-    """Every applicable generator's schedule, canonical and timed; plus the ones that failed and why.
+    """Every applicable generator's schedule (those `which` selects by name, when given),
+    canonical and timed; plus the ones that failed and why.
 
     With a `deadline` (time.monotonic()), a generator still running then is given up
     (its thread is left to finish on its own) so that the solver keeps its time limit.
@@ -56,6 +62,8 @@ def generator_candidates(
     """
     found, failed = [], {}
     for generator in applicable(problem):
+        if which is not None and not which(generator.name):
+            continue
         own_deadline = essential_deadline if generator.name in essential and essential_deadline is not None else deadline
         if own_deadline is not None and time.monotonic() >= own_deadline:
             # Not started at all: a thread left running would slow the solver down (GIL).
