@@ -74,7 +74,6 @@ class OpTable:
     delay: list[float]  # transfer time after `pred` ends
     cls: list[int]  # kind and stage: ops of one class keep microbatch order
     microbatch: list[int]
-    by_class: list[list[int]]  # per class, its ops in microbatch order
     limit: list[float]
 
     def positions(self, orders: Sequence[Sequence[int]]) -> list[int]:
@@ -110,9 +109,6 @@ def op_table(problem: Problem, orders: Sequence[Sequence[Op]]) -> tuple[OpTable,
         delay.append(problem.comm_time if q >= 0 and device[q] != device[j] else 0.0)
         # B and BW are one class: the stage's backward
         cls.append(classes.setdefault(("B" if op.kind == "BW" else op.kind, op.stage), len(classes)))
-    by_class: list[list[int]] = [[] for _ in classes]
-    for j in sorted(range(len(ops)), key=lambda j: ops[j].microbatch):
-        by_class[cls[j]].append(j)
     table = OpTable(
         ops=ops,
         device=device,
@@ -122,7 +118,6 @@ def op_table(problem: Problem, orders: Sequence[Sequence[Op]]) -> tuple[OpTable,
         delay=delay,
         cls=cls,
         microbatch=[op.microbatch for op in ops],
-        by_class=by_class,
         limit=[limit * (1 + _REL) for limit in tables.limit],
     )
     return table, [[index[op] for op in seq] for seq in orders]
