@@ -216,8 +216,23 @@ def example_case(args: argparse.Namespace, folder: Path) -> dict:
     )
     even = split_problem(profile, placement, even_split(profile, placement.num_stages), args.example_microbatches)
     save_schedule(solve(even, "auto", options), even_file)
+    vocab_file = folder / "vocab.json"
+    _pipesched(
+        "solve",
+        layers_file,
+        "-p",
+        args.example_devices,
+        "-m",
+        args.example_microbatches,
+        "--time-limit",
+        args.example_time_limit,
+        "--vocab-parallel",
+        "-q",
+        "-o",
+        vocab_file,
+    )
     rows = []
-    for name, path in (("even", even_file), ("chosen", chosen_file)):
+    for name, path in (("even", even_file), ("chosen", chosen_file), ("vocab-parallel", vocab_file)):
         summary = json.loads(_pipesched("run", path, "--model", model, "--steps", args.example_steps, "--json"))
         blocks = [sum(1 for layer in stage.layers or [] if layer.kind == "block") for stage in load_schedule(path).problem.stages]
         rows.append(
@@ -245,11 +260,13 @@ def example_markdown(case: dict) -> str:
             f"| {r['split']} | {'/'.join(map(str, r['blocks']))} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | "
             f"{r['measured_ms'] / r['predicted_ms'] - 1:+.1%} |"
         )
-    even, chosen = case["rows"]
+    even = case["rows"][0]
     lines.append("")
-    lines.append(
-        f"Chosen against even: predicted {chosen['predicted_ms'] / even['predicted_ms'] - 1:+.1%}, measured {chosen['measured_ms'] / even['measured_ms'] - 1:+.1%}."
-    )
+    for r in case["rows"][1:]:
+        lines.append(
+            f"{r['split'].capitalize()} against even: predicted {r['predicted_ms'] / even['predicted_ms'] - 1:+.1%}, "
+            f"measured {r['measured_ms'] / even['measured_ms'] - 1:+.1%}."
+        )
     return "\n".join(lines) + "\n"
 
 
