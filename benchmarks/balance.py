@@ -200,37 +200,12 @@ def example_case(args: argparse.Namespace, folder: Path) -> dict:
     profile = load_layers(layers_file)
     placement = Placement.named("linear", args.example_devices)
     options = SolveOptions(time_limit=args.example_time_limit)
-    chosen_file, even_file = folder / "chosen.json", folder / "even.json"
-    _pipesched(
-        "solve",
-        layers_file,
-        "-p",
-        args.example_devices,
-        "-m",
-        args.example_microbatches,
-        "--time-limit",
-        args.example_time_limit,
-        "-q",
-        "-o",
-        chosen_file,
-    )
+    chosen_file, even_file, vocab_file = folder / "chosen.json", folder / "even.json", folder / "vocab.json"
+    solve_args = ("-p", args.example_devices, "-m", args.example_microbatches, "--time-limit", args.example_time_limit, "-q")
+    _pipesched("solve", layers_file, *solve_args, "-o", chosen_file)
+    _pipesched("solve", layers_file, *solve_args, "--vocab-parallel", "-o", vocab_file)
     even = split_problem(profile, placement, even_split(profile, placement.num_stages), args.example_microbatches)
     save_schedule(solve(even, "auto", options), even_file)
-    vocab_file = folder / "vocab.json"
-    _pipesched(
-        "solve",
-        layers_file,
-        "-p",
-        args.example_devices,
-        "-m",
-        args.example_microbatches,
-        "--time-limit",
-        args.example_time_limit,
-        "--vocab-parallel",
-        "-q",
-        "-o",
-        vocab_file,
-    )
     rows = []
     for name, path in (("even", even_file), ("chosen", chosen_file), ("vocab-parallel", vocab_file)):
         summary = json.loads(_pipesched("run", path, "--model", model, "--steps", args.example_steps, "--json"))
