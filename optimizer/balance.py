@@ -254,10 +254,11 @@ def _no_split_fits(trials: list[SplitTrial], memory_limit: float | None) -> Spli
     )
 
 
-def check_layers_fit(profile: LayersProfile, placement: Placement) -> None:
-    """Refuse, before any search, a placement with more stages than the model has layers."""
+def check_layers_fit(profile: LayersProfile, placement: Placement, what: str = "layers") -> None:
+    """Refuse, before any search, a placement with more stages than the model has layers
+    (`what` names them: the trunk's blocks under vocabulary parallelism)."""
     if placement.num_stages > profile.num_layers:
         raise InputError(
-            f"layers: {profile.num_layers} layers cannot fill the {placement.num_stages} stages of "
+            f"layers: {profile.num_layers} {what} cannot fill the {placement.num_stages} stages of "
             f"{placement.name} on {placement.num_devices} devices (one layer each at least)"
         )

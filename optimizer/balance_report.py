@@ -52,8 +52,10 @@ def solve_layers(
         raise InputError(str(error)) from None
     profile = layers_from_json(data, source)
     placement = Placement.named(placement_name, devices)
-    # Under vocabulary parallelism only the blocks (the trunk) fill the stages.
-    check_layers_fit(shard_vocabulary(profile, devices, vocab_barriers[0])[0] if vocab_barriers else profile, placement)
+    if vocab_barriers:  # only the blocks (the trunk) fill the stages
+        check_layers_fit(shard_vocabulary(profile, devices, vocab_barriers[0])[0], placement, "blocks (embedding and head sharded)")
+    else:
+        check_layers_fit(profile, placement)
 
     def report(trial: SplitTrial) -> None:
         # A live progress display, like the solver's: on a terminal only, so that an error

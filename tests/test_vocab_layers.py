@@ -187,3 +187,11 @@ def test_split_exports_refuse_a_vocab_parallel_schedule(tmp_path, fmt, message):
     result = runner.invoke(app, ["export", str(schedule_file), "--format", "example-split", "-o", str(tmp_path / "x.split.txt")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "x.split.txt").read_text() == "split=2/2\n"
+
+
+def test_cli_counts_only_blocks_for_the_stages_under_vocab_parallel(tmp_path):
+    layers_file = tmp_path / "layers.json"
+    layers_file.write_text(json.dumps(heavy_head_layers(4)))  # 6 layers, 4 of them blocks
+    args = ["solve", str(layers_file), "-p", "3", "-m", "4", "--placement", "vshape", "-o", str(tmp_path / "s.json"), "--vocab-parallel"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "4 blocks (embedding and head sharded) cannot fill the 6 stages" in result.output, result.output
