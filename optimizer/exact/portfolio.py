@@ -21,6 +21,7 @@ from optimizer.exact import devicebound
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import Candidate, candidate, generator_candidates
+from optimizer.exact.least_memory import least_memory_orders
 from optimizer.exact.listsched import list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
@@ -62,6 +63,10 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
 
     When no known schedule fits, the first list-scheduler policy runs even past the time
     limit, so there is a schedule that fits whenever one exists, however short the limit.
+    Where the limit fits only fused backwards (a B that allocates, between
+    `Problem.min_memory_limit` and `split_memory_limit`) the list scheduler, which splits
+    them, cannot run, and the least-memory order (optimizer.exact.least_memory) is that
+    schedule.
     """
     found, _ = generator_candidates(
         problem,
@@ -71,8 +76,9 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     )
     for c in found:
         tracker.offer(c.schedule, c.name)
-    # The list-scheduler policies order token slices where the engine can (listengine).
-    for policy in policies() if sliced_support(problem) is None else ():
+    # The list-scheduler policies order token slices where the engine can (listengine), and
+    # split every backward, which needs problem.split_memory_limit().
+    for policy in policies() if sliced_support(problem) is None and _split_fits(problem) else ():
         # Once a fitting schedule is known and the known schedules' share of the time is
         # spent, a list schedule (as slow as a simulation) would overrun a short limit.
         if tracker.best is not None and (tracker.left() <= 0 or tracker.elapsed() >= GENERATOR_SHARE * tracker.time_limit):
@@ -80,7 +86,16 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
         c = candidate(problem, str(policy), list_schedule(problem, policy))
         found.append(c)
         tracker.offer(c.schedule, c.name)
+    if tracker.best is None:
+        c = candidate(problem, "least memory", least_memory_orders(problem))
+        found.append(c)
+        tracker.offer(c.schedule, c.name)
     return found
+
+
+def _split_fits(problem: Problem) -> bool:
+    limits = problem.tables().limit
+    return all(need <= limit * (1 + 1e-9) for need, limit in zip(problem.split_memory_limit(), limits))
 
 
 def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:

@@ -1,0 +1,35 @@
+"""The least-memory schedule: microbatches one at a time, every backward fused.
+
+Each device runs microbatch i's forwards on its stages (stage order, slices in order),
+its vocabulary passes, then its fused backwards (reverse stage order, slices in
+reverse), and only then microbatch i + 1. A device so never holds more than one
+microbatch's trajectory with fused backwards, which is `Problem.min_memory_limit()`:
+this order fits every limit under which any schedule exists. It is the starting point
+of last resort, for limits that only fused backwards fit (a B that allocates keeps its
+allocation until its W, so split schedules need more): slow, and the searches that
+follow improve on it.
+
+It never deadlocks: the ops of microbatch i on every device wait only for ops of
+microbatch i that come earlier in the dependency chain, and each device reaches them
+once it has finished microbatch i - 1, which needs nothing from later microbatches.
+"""
+
+from __future__ import annotations
+
+from optimizer.ops import Kind, Op
+from optimizer.problem import Problem
+from optimizer.schedules.registry import Orders
+
+
+def least_memory_orders(problem: Problem) -> Orders:
+    """Per device: each microbatch's forwards, passes and fused backwards before the next's."""
+    slices = range(problem.num_slices)
+    orders: Orders = [[] for _ in range(problem.num_devices)]
+    for d, order in enumerate(orders):
+        stages = problem.stages_on(d)
+        for i in range(problem.num_microbatches):
+            order += [Op(Kind.F, s, i, k) for s in stages for k in slices]
+            if problem.vocab_parallel is not None:
+                order += [Op(Kind.S, d, i), Op(Kind.T, d, i)]
+            order += [Op(Kind.BW, s, i, k) for s in reversed(stages) for k in reversed(slices)]
+    return orders
