@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from optimizer.errors import InputError
-from optimizer.exact.incumbents import best_fitting, generator_candidates, objective_value
+from optimizer.exact.incumbents import best_fitting, candidate, generator_candidates, objective_value
+from optimizer.exact.least_memory import least_memory_orders
 from optimizer.exact.options import SolveOptions
 from optimizer.layers import LayersProfile
 from optimizer.problem import Problem
@@ -100,11 +101,15 @@ class _SplitSearch:
             trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
         else:
             found, _ = generator_candidates(trial.problem, deadline=deadline)
-            best = best_fitting(found, self.options.objective)
-            if best is None:
-                trial.reason = "no known schedule fits its memory limit"
-            else:
+            # Where only fused backwards fit (a B that allocates) no family does; the
+            # least-memory order fits every limit the split's problem was built under.
+            best = best_fitting(found, self.options.objective) or candidate(
+                trial.problem, "least memory", least_memory_orders(trial.problem)
+            )
+            if best.fits:
                 trial.schedule = best.schedule
+            else:
+                trial.reason = "no known schedule fits its memory limit"
         if self.on_trial is not None:
             self.on_trial(trial)
         return trial

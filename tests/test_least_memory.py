@@ -101,3 +101,27 @@ def test_cli_solves_a_limit_only_fused_backwards_fit(tmp_path):
     assert result.exit_code == 0, result.output  # exit 3 ("needs 1.5") before
     result = runner.invoke(app, ["solve", str(path), "-o", str(out), "--method", "greedy"])
     assert result.exit_code == 3 and "fused backwards fit" in result.output, result.output
+
+
+@pytest.mark.solver
+def test_split_search_fits_a_limit_only_fused_backwards_fit():
+    """Blocks whose B allocates, under a limit between the fused and the split need: the
+    split search finds a fitting schedule (no family does) instead of calling it infeasible."""
+    from optimizer.balance import choose_split
+    from optimizer.layers import layers_from_json
+    from optimizer.split import Placement, even_split, memory_need
+
+    block = {
+        "kind": "block",
+        "forward": 1.0,
+        "backward_input": 1.0,
+        "backward_weight": 1.0,
+        "memory": {"forward": 1.0, "backward_input": 0.5, "backward_weight": -1.5},
+    }
+    profile = layers_from_json({"format": "pipesched.layers", "version": 1, "layers": [{"name": f"b{i}", **block} for i in range(4)]})
+    placement = Placement.named("linear", 2)
+    need = max(memory_need(profile, placement, even_split(profile, 2)))  # fused: the two blocks' forwards
+    assert need == pytest.approx(2.0)
+    result = choose_split(profile, placement, 3, need * 1.1, SolveOptions(time_limit=2, threads=1), lambda p, o: solve(p, "auto", o))
+    assert result.chosen.schedule is not None and result.chosen.schedule.fits_memory()
+    assert validate(result.chosen.problem, result.chosen.schedule.devices) == []
