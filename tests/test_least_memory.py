@@ -123,5 +123,6 @@ def test_split_search_fits_a_limit_only_fused_backwards_fit():
     need = max(memory_need(profile, placement, even_split(profile, 2)))  # fused: the two blocks' forwards
     assert need == pytest.approx(2.0)
     result = choose_split(profile, placement, 3, need * 1.1, SolveOptions(time_limit=2, threads=1), lambda p, o: solve(p, "auto", o))
-    assert result.chosen.schedule is not None and result.chosen.schedule.fits_memory()
-    assert validate(result.chosen.problem, result.chosen.schedule.devices) == []
+    chosen = result.chosen
+    assert chosen.schedule is not None and chosen.problem is not None and chosen.schedule.fits_memory()
+    assert validate(chosen.problem, chosen.schedule.devices) == []
