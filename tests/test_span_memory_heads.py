@@ -1,4 +1,5 @@
-"""Memory on every device in each device's frame: never above an optimum or a valid schedule, and it raises the V bounds."""
+"""Memory in the heads: every device's limit in each device's frame, and the room a device must keep for
+its next chunk (optimizer.exact.reservation). Never above an optimum or a valid schedule, and each raises bounds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from benchmarks.published import SETTINGS, published_problem
 from optimizer.exact.bounds import device_tails, heads, jackson_preemptive, lower_bound
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.listsched import list_schedule, policies
+from optimizer.exact.reservation import lags
 from optimizer.problem import Problem
 from optimizer.simulate import simulate
 
@@ -40,16 +42,22 @@ def list_schedules(problem: Problem) -> list:
     return [s for s in schedules if s.fits_memory()]
 
 
-# Two devices, V placement, room for one microbatch's two chunks: the second device's
-# forwards wait for its own frees, which delays the first device's round trips. The old
-# bound (memory counted on the bounded device only) was 11.73 and 14.83.
-RAISED = [(1, 12.95, 14.62), (2, 15.72, 17.19)]
+# Two devices, room for one microbatch's two chunks (V) or one and a half (interleaved,
+# chunks of 0.5 and 1.0): (seed, placement, limit, forward sizes, bound, brute-force
+# optimum). Memory on the bounded device only gave 11.73 / 14.83 / 17.17; every device's
+# memory 12.95 / 15.72 / 17.17; the room for the next chunk 13.95 / 15.72 / 19.02, the
+# interleaved one the optimum.
+RAISED = [
+    (1, "vshape", 1.0, (1.0,), 13.95, 14.62),
+    (2, "vshape", 1.0, (1.0,), 15.72, 17.19),
+    (27, "interleaved:2", 1.5, (1.0, 0.5), 19.02, 19.02),
+]
 
 
-@pytest.mark.parametrize("seed, bound, optimum", RAISED)
-def test_raises_a_tiny_v_bound_and_stays_below_the_brute_force_optimum(seed, bound, optimum):
-    problem = random_problem(random.Random(seed), 2, 2, "vshape", limit=1.0, decimals=2)
-    assert count_orders(problem) <= 5000
+@pytest.mark.parametrize("seed, placement, limit, sizes, bound, optimum", RAISED)
+def test_raises_tiny_bounds_and_stays_below_the_brute_force_optimum(seed, placement, limit, sizes, bound, optimum):
+    problem = random_problem(random.Random(seed), 2, 2, placement, limit=limit, decimals=2, forward_memory=sizes)
+    assert count_orders(problem) <= 6000
     best = brute_force_optimum(problem, "span")
     assert best == pytest.approx(optimum)
     value = lower_bound(problem, "span").value
@@ -58,15 +66,30 @@ def test_raises_a_tiny_v_bound_and_stays_below_the_brute_force_optimum(seed, bou
     assert lower_bound(problem, "makespan").value <= brute_force_optimum(problem, "makespan") * (1 + TOLERANCE)
 
 
+def test_the_room_for_the_next_chunk_is_a_lag_in_microbatches():
+    # V-Min's memory on 1.5B, p = 8: a limit of 4 activations, 0.5 per chunk. Device 0
+    # holds the first chunk of at most 7 microbatches ahead of the second chunk:
+    # F(0, i) waits for F(15, i - 7); so does every device (stage d and 15 - d).
+    setting = next(s for s in SETTINGS if s.name == "1.5B-p8-m24")
+    problem = published_problem(setting, 4.0, "vshape")
+    assert lags(problem)[0] == [(15, 7)]
+    assert lags(problem)[3] == [(12, 7)]
+    assert lags(problem)[15] == []
+    # V-Half's 5: 9 ahead; unlimited: no lag.
+    assert lags(published_problem(setting, 5.0, "vshape"))[0] == [(15, 9)]
+    assert lags(published_problem(setting, None, "vshape"))[0] == []
+
+
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(problem_cases(max_devices=4, max_microbatches=6, placements=("vshape", "linear", "interleaved:2"), limits=(1.0, 1.5, 2.0, 3.0)))
 def test_never_above_any_valid_schedule_under_tight_limits(case):
-    # Uneven stages (random times per stage), every placement, limits down to one
-    # microbatch's activations; the schedules are the families, the list policies and
-    # random orders within memory, timed as soon as possible and for the least span.
+    # Uneven stages (random times and chunk sizes per stage), every placement, limits
+    # down to one microbatch's activations; the schedules are the families, the list
+    # policies and random orders within memory, timed as soon as possible and for the
+    # least span.
     seed, p, m, placement, limit = case
     rng = random.Random(seed)
-    problem = random_problem(rng, p, m, placement, limit=limit)
+    problem = random_problem(rng, p, m, placement, limit=limit, forward_memory=(1.0, 0.5, 2.0))
     schedules = other_schedules(problem, rng, count=3) + list_schedules(problem)
     assert schedules
     shortest = min(objective_value(s, "span") for s in schedules)

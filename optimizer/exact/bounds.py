@@ -17,7 +17,11 @@ Four ideas, each a valid bound, the best one is reported:
   own frame, for the forwards of every device (`heads`): on the V placement at
   V-Min's and V-Half's memory the devices on the way hold back the first device's
   microbatches (their forwards wait for their own frees), which lengthens the round
-  trips the first device waits for, and counting that raised those bounds by 2 to 8%;
+  trips the first device waits for, and counting that raised those bounds by 2 to 8%.
+  A device with several stages must also keep room for its next chunk: its first
+  chunk's forward of microbatch i waits for the next chunk's forward of microbatch
+  i - K (optimizer.exact.reservation), whose allocation the memory argument then counts
+  too; on tiny V and interleaved problems at tight limits this reaches the optimum;
 * warm-up and drain (`warm_up_and_drain`): a device's span is its busy time plus the
   idle before its first backward may start plus the idle after its last microbatch's
   first op. Waiting for that microbatch's round trip can only be filled with work left
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optimizer.exact.reservation import lags
 from optimizer.problem import Problem
 
 # Stage-microbatch cells the span bound may spend on per-device passes (about 0.5 s):
@@ -102,6 +107,8 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
     # For a forward of stage s on device d, the "low" stages are those of d up to s: all
     # their forwards of microbatches <= i have started, and only their frees count.
     low_stages = [[s2 for s2 in range(s + 1) if t.device[s2] == t.device[s]] for s in range(S)]
+    # And d's higher stages' forwards up to microbatch i - K (optimizer.exact.reservation).
+    lag = lags(problem) if use_memory else [[] for _ in range(S)]
 
     # Earliest end of every B and W, kept as arrays for the memory argument's sorting.
     free_end = {kind: np.zeros((S, m)) for kind in ("B", "W")}
@@ -114,7 +121,12 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
             if i > 0:
                 h = max(h, F[s][i - 1] + dur["F"][s])
             if use_memory and i > 0:
-                h = max(h, _memory_release(t, low_stages[s], i, free_end))
+                started = [(s2, i + 1) for s2 in low_stages[s]]
+                for higher, k in lag[s]:
+                    if i >= k:
+                        h = max(h, F[higher][i - k] + dur["F"][higher])
+                        started.append((higher, i - k + 1))
+                h = max(h, _memory_release(t, started, i, free_end))
             F[s][i] = h
         for s in reversed(range(S)):
             h = F[s][i] + dur["F"][s] if s == S - 1 else B[s + 1][i] + dur["B"][s + 1] + comm[s]
@@ -131,20 +143,26 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
     return head
 
 
-def _memory_release(t, stages: list[int], i: int, free_end: dict[str, np.ndarray]) -> float:
-    """Earliest time the forward of microbatch i on the last of `stages` can fit in memory
-    (`free_end`: earliest end of each stage's B and W of every earlier microbatch)."""
-    limit = t.limit[t.device[stages[-1]]]
-    allocated = (i + 1) * sum(t.mem_forward[s] for s in stages)
+def _memory_release(t, started: list[tuple[int, int]], i: int, free_end: dict[str, np.ndarray]) -> float:
+    """Earliest time a forward of microbatch i can fit in memory, given `started`: (stage,
+    number of microbatches whose forward of it has started), all on the forward's device.
+
+    Those forwards hold their allocation until their stage's B and W free it (every other
+    piece held is non-negative), so the frees of those microbatches (`free_end`: their
+    earliest ends; microbatch i has freed nothing yet) must cover what exceeds the limit.
+    """
+    limit = t.limit[t.device[started[0][0]]]
+    allocated = sum(count * t.mem_forward[s] for s, count in started)
     needed = allocated - limit
     if needed <= 1e-12 * max(1.0, limit):
         return 0.0
     ends, amounts = [], []
-    for s in stages:
+    for s, count in started:
+        n = min(count, i)
         for kind, delta in (("B", t.mem_backward_input[s]), ("W", t.mem_backward_weight[s])):
-            if delta < 0:
-                ends.append(free_end[kind][s, :i])
-                amounts.append(np.full(i, -delta))
+            if delta < 0 and n > 0:
+                ends.append(free_end[kind][s, :n])
+                amounts.append(np.full(n, -delta))
     if not ends:
         return 0.0
     end = np.concatenate(ends)
