@@ -66,6 +66,26 @@ def test_raises_tiny_bounds_and_stays_below_the_brute_force_optimum(seed, placem
     assert lower_bound(problem, "makespan").value <= brute_force_optimum(problem, "makespan") * (1 + TOLERANCE)
 
 
+# Seeds whose problems brute force settles in seconds (at most 6000 orders).
+TINY_TIGHT = [
+    *[(seed, "vshape", 1.0, (1.0,)) for seed in range(10)],
+    *[(seed, "interleaved:2", 1.5, (1.0, 0.5)) for seed in (1, 3, 6, 8, 12, 15, 19, 20, 27, 30)],
+    *[(seed, "vshape", 1.0, (1.0, 0.5, 2.0)) for seed in (8, 9, 12, 15, 18, 32, 33)],
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed, placement, limit, sizes", TINY_TIGHT)
+def test_never_above_the_brute_force_optimum_on_tiny_tight_problems(seed, placement, limit, sizes):
+    # Two devices, two microbatches, two chunks each, uneven stages and chunk sizes, the
+    # limit at (or just above) what one microbatch needs: where the lag and every
+    # device's memory bind hardest.
+    problem = random_problem(random.Random(seed), 2, 2, placement, limit=limit, decimals=2, forward_memory=sizes)
+    assert count_orders(problem) <= 6000
+    for objective in ("span", "makespan"):
+        assert lower_bound(problem, objective).value <= brute_force_optimum(problem, objective) * (1 + TOLERANCE)
+
+
 def test_the_room_for_the_next_chunk_is_a_lag_in_microbatches():
     # V-Min's memory on 1.5B, p = 8: a limit of 4 activations, 0.5 per chunk. Device 0
     # holds the first chunk of at most 7 microbatches ahead of the second chunk:
