@@ -17,7 +17,7 @@ Four ideas, each a valid bound, the best one is reported:
   own frame, for the forwards of every device (`heads`): on the V placement at
   V-Min's and V-Half's memory the devices on the way hold back the first device's
   microbatches (their forwards wait for their own frees), which lengthens the round
-  trips the first device waits for, and counting that raised those bounds by 2 to 8%.
+  trips the first device waits for, and counting that raised those bounds by 0.6 to 6%.
   A device with several stages must also keep room for its next chunk: its first
   chunk's forward of microbatch i waits for the next chunk's forward of microbatch
   i - K (optimizer.exact.reservation), whose allocation the memory argument then counts
