@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from optimizer.errors import InputError
-from optimizer.exact.incumbents import best_fitting, candidate, generator_candidates, objective_value
-from optimizer.exact.least_memory import least_memory_orders
+from optimizer.errors import InfeasibleError, InputError
+from optimizer.exact.incumbents import best_fitting, generator_candidates, objective_value
+from optimizer.exact.least_memory import least_memory_candidate, split_backwards_fit
 from optimizer.exact.options import SolveOptions
 from optimizer.layers import LayersProfile
 from optimizer.problem import Problem
@@ -101,15 +101,15 @@ class _SplitSearch:
             trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
         else:
             found, _ = generator_candidates(trial.problem, deadline=deadline)
-            # Where only fused backwards fit (a B that allocates) no family does; the
-            # least-memory order fits every limit the split's problem was built under.
-            best = best_fitting(found, self.options.objective) or candidate(
-                trial.problem, "least memory", least_memory_orders(trial.problem)
-            )
-            if best.fits:
-                trial.schedule = best.schedule
+            best = best_fitting(found, self.options.objective)
+            if best is None and not split_backwards_fit(trial.problem):
+                # Only fused backwards fit (a B that allocates): the least-memory order fits
+                # every limit the split's problem was built under, where few families may.
+                best = least_memory_candidate(trial.problem)
+            if best is None:
+                trial.reason = "no known schedule fitting its memory limit was found in time"
             else:
-                trial.reason = "no known schedule fits its memory limit"
+                trial.schedule = best.schedule
         if self.on_trial is not None:
             self.on_trial(trial)
         return trial
@@ -151,8 +151,12 @@ class _SplitSearch:
             if share <= 0.05:
                 break
             assert trial.problem is not None
-            solved = self.solve(trial.problem, replace(self.options, time_limit=share))
-            trial.solver_seconds = share
+            try:
+                solved = self.solve(trial.problem, replace(self.options, time_limit=share))
+            except InfeasibleError:  # the split keeps the schedule it has; the others theirs
+                continue
+            finally:
+                trial.solver_seconds = share
             if objective_value(solved, objective) < trial.value(objective):
                 trial.schedule = solved
 

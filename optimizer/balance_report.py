@@ -81,6 +81,10 @@ def solve_layers(
     return result.chosen.schedule, result.interrupted
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _text(split: tuple[int, ...]) -> str:
     return "/".join(map(str, split))
 
@@ -144,6 +148,6 @@ def _print_table(result: BalanceResult, objective: str) -> None:
     if result.vocab is not None:
         passes = result.vocab.passes
         print(
-            f"vocabulary parallelism: embedding and head sharded over {schedule.problem.num_devices} devices, "
-            f"{passes.barriers} barrier{'s' if passes.barriers > 1 else ''} per microbatch (S {passes.forward:.4g}, T {passes.backward:.4g})"
+            f"vocabulary parallelism: embedding and head sharded over {_count(schedule.problem.num_devices, 'device')}, "
+            f"{_count(passes.barriers, 'barrier')} per microbatch (S {passes.forward:.4g}, T {passes.backward:.4g})"
         )

@@ -250,7 +250,8 @@ def layers(
     """Write the layers file of a decoder-only model from its sizes (times in ms from FLOPs, memory in GiB).
 
     Solve it with `pipesched solve layers.json --devices P --microbatches M` to choose the
-    layer split with the schedule; formulas in the README (Balancing the pipeline).
+    layer split with the schedule (add --vocab-parallel to shard the embedding and the
+    head over all devices instead); formulas in the README (Balancing the pipeline).
     """
     from optimizer.layer_costs import DecoderSizes, decoder_layers
     from optimizer.layers import layers_to_json

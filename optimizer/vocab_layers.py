@@ -10,11 +10,16 @@ holds 1/p of their vocabulary rows. A layers file then splits into two parts:
   times. With two barriers S is the shard's forward (logits and softmax statistics) and T
   its backward (input and weight gradients, fused when the layers file says fusing is
   cheaper); with one barrier S also forms the shard's part of the input gradient, so S
-  takes F + B and T only W. S holds 1/p of the head's forward memory until T ends (the
-  logits are per shard; the replicated input is h values per token against V/p logits,
-  a few per cent at most for real vocabularies, and is left out). Each collective takes
-  the layers file's `comm_time` (a microbatch's hidden states, the size of the
-  activation transfers it measures).
+  takes F + B and T only W. From S's start to T's end a device holds 1/p of the head's
+  peak over its forward and backward (the forward's memory, more where its B
+  allocates). A layers file does not say how much of the head's memory is its input,
+  which every device holds whole (h values per token, beside V/p logits per token: at
+  h = 4096, p = 8 half the shard's logits at V = 32k, a tenth at 128k, 6 % at 256k): it
+  is counted as sharded, so the passes' memory is an underestimate by that much.
+  Each collective takes the layers file's `comm_time` (one activation transfer), for
+  either barrier count: the one-barrier collective also carries each shard's part of the
+  input gradient, so where transfers are slow that choice is favoured more than it
+  should be; set `vocab_parallel.barrier_time` in a problem by hand where it matters.
 
 On every device 1/p of the embedding's and the head's parameter state stays for the
 whole step. The embedding's lookup is memory-bound and runs for all microbatches before
@@ -65,12 +70,14 @@ def shard_vocabulary(profile: LayersProfile, num_devices: int, barriers: int) ->
         forward, backward = head.forward, _fused(head)
     else:
         forward, backward = head.forward + head.backward_input, head.backward_weight
+    # The passes run the shard's F, B and W between them: the most they hold is after F or after B.
+    held_by_pass = max(head.memory.forward, head.memory.forward + head.memory.backward_input)
     passes = VocabParallel.model_validate(
         {
             "barriers": barriers,
             "forward": forward / num_devices,
             "backward": backward / num_devices,
-            "memory": head.memory.forward / num_devices,
+            "memory": held_by_pass / num_devices,
             "barrier_time": profile.comm_time,
         }
     )

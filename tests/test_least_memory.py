@@ -33,14 +33,22 @@ def at_limit(problem: Problem, limits: list[float]) -> Problem:
     return problem.model_copy(update={"memory_limit": limits})
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_least_memory_order_reaches_exactly_the_least_limit(seed):
-    rng = random.Random(seed)
-    placement = PLACEMENTS[seed % len(PLACEMENTS)]
-    base = random_problem(rng, rng.randint(2, 4), rng.randint(1, 5), placement, slices=1 + seed % 2)
-    if seed % 3 == 0 and base.num_slices == 1:
-        base = with_vocab(base, barriers=1 + seed % 2)
-    problem = allocating(base, rng) if seed % 2 == 0 else base
+CASES = [
+    (placement, slices, barriers, allocates)
+    for placement in PLACEMENTS
+    for slices, barriers in ((1, 0), (2, 0), (1, 1), (1, 2))  # vocabulary passes without token slices
+    for allocates in (False, True)
+]
+
+
+@pytest.mark.parametrize(("placement", "slices", "barriers", "allocates"), CASES)
+def test_least_memory_order_reaches_exactly_the_least_limit(placement, slices, barriers, allocates):
+    rng = random.Random(f"{placement}{slices}{barriers}{allocates}")
+    problem = random_problem(rng, rng.randint(2, 4), rng.randint(1, 5), placement, slices=slices)
+    if allocates:
+        problem = allocating(problem, rng)
+    if barriers:
+        problem = with_vocab(problem, barriers=barriers, memory=rng.uniform(0.0, 1.0))
     need = problem.min_memory_limit()
     assert all(fused <= split for fused, split in zip(need, problem.split_memory_limit()))
     tight = at_limit(problem, need)
@@ -126,3 +134,18 @@ def test_split_search_fits_a_limit_only_fused_backwards_fit():
     chosen = result.chosen
     assert chosen.schedule is not None and chosen.problem is not None and chosen.schedule.fits_memory()
     assert validate(chosen.problem, chosen.schedule.devices) == []
+
+
+@pytest.mark.solver
+@pytest.mark.parametrize("method", ["auto", "cpsat"])
+@pytest.mark.parametrize("above", [0.0, 0.2])
+def test_vocabulary_passes_and_an_allocating_b_solve_at_and_above_the_split_need(method, above):
+    """The list scheduler orders the problem without the passes under a limit lowered by one
+    pass; it must not run (and refuse) where that lowered limit is below its split need."""
+    rng = random.Random(7)
+    problem = with_vocab(allocating(random_problem(rng, 2, 4), rng), barriers=2, memory=0.1)
+    limits = [need + above for need in problem.split_memory_limit()]
+    limited = at_limit(problem, limits)
+    schedule = solve(limited, method, SolveOptions(time_limit=3, threads=1))
+    assert validate(limited, schedule.devices) == []
+    assert schedule.fits_memory()

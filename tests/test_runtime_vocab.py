@@ -16,6 +16,7 @@ from test_runtime_vocab_plan import hand_made, with_vocab
 
 from optimizer.balance import choose_vocab_split
 from optimizer.exact import SolveOptions, solve
+from optimizer.formats.example_split import blocks_per_stage
 from optimizer.layers import LayersProfile
 from optimizer.problem import uniform_problem
 from optimizer.schedule import Schedule
@@ -43,15 +44,17 @@ def layer_split_schedule(p: int, barriers: int) -> Schedule:
     kinds = ["embedding"] + ["block"] * (2 * p) + ["head"]
     layers = []
     for i, kind in enumerate(kinds):
-        cost = costs.get(kind, 1.0 + 0.5 * (i % 3))  # uneven blocks: the chosen split is not the even one
+        cost = costs.get(kind, 3.0 if i == 1 else 1.0)  # a heavy first block: the even split is not the best
         layers.append({"name": f"l{i}", "kind": kind, "forward": cost, "backward_input": cost, "backward_weight": cost, "memory": MEMORY})
     profile = LayersProfile.model_validate({"format": "pipesched.layers", "version": 1, "layers": layers})
     options = SolveOptions(time_limit=2, threads=1)
     result = choose_vocab_split(
         profile, Placement.named("linear", p), 2 * p, None, options, lambda problem, o: solve(problem, "auto", o), (barriers,)
     )
-    assert result.chosen.schedule is not None
-    return result.chosen.schedule
+    schedule = result.chosen.schedule
+    assert schedule is not None
+    assert blocks_per_stage(schedule.problem) != [2] * p  # the search moved blocks off the heavy one's stage
+    return schedule
 
 
 def schedule_of(case: str, p: int) -> Schedule:

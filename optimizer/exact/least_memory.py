@@ -16,9 +16,12 @@ once it has finished microbatch i - 1, which needs nothing from later microbatch
 
 from __future__ import annotations
 
+from optimizer.exact.incumbents import Candidate, candidate
 from optimizer.ops import Kind, Op
 from optimizer.problem import Problem
+from optimizer.schedules.listengine import short_of
 from optimizer.schedules.registry import Orders
+from optimizer.schedules.vocab_passes import base_problem
 
 
 def least_memory_orders(problem: Problem) -> Orders:
@@ -33,3 +36,17 @@ def least_memory_orders(problem: Problem) -> Orders:
                 order += [Op(Kind.S, d, i), Op(Kind.T, d, i)]
             order += [Op(Kind.BW, s, i, k) for s in reversed(stages) for k in reversed(slices)]
     return orders
+
+
+def least_memory_candidate(problem: Problem) -> Candidate:
+    return candidate(problem, "least memory", least_memory_orders(problem))
+
+
+def split_backwards_fit(problem: Problem) -> bool:
+    """Whether every device's limit holds one microbatch with every backward split: what the
+    list engine needs (with vocabulary passes, on the problem without them whose limit is
+    lowered by one pass, which the engine orders before the passes are woven in). Where it
+    does not, only fused backwards fit and this module's order is the way to a schedule."""
+    engine = base_problem(problem) if problem.vocab_parallel is not None else problem
+    short, _ = short_of(engine.split_memory_limit(), engine.tables().limit)
+    return not short

@@ -21,7 +21,7 @@ from optimizer.exact import devicebound
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import Candidate, candidate, generator_candidates
-from optimizer.exact.least_memory import least_memory_orders
+from optimizer.exact.least_memory import least_memory_candidate, split_backwards_fit
 from optimizer.exact.listsched import list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
@@ -78,7 +78,7 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
         tracker.offer(c.schedule, c.name)
     # The list-scheduler policies order token slices where the engine can (listengine), and
     # split every backward, which needs problem.split_memory_limit().
-    for policy in policies() if sliced_support(problem) is None and _split_fits(problem) else ():
+    for policy in policies() if sliced_support(problem) is None and split_backwards_fit(problem) else ():
         # Once a fitting schedule is known and the known schedules' share of the time is
         # spent, a list schedule (as slow as a simulation) would overrun a short limit.
         if tracker.best is not None and (tracker.left() <= 0 or tracker.elapsed() >= GENERATOR_SHARE * tracker.time_limit):
@@ -87,15 +87,10 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
         found.append(c)
         tracker.offer(c.schedule, c.name)
     if tracker.best is None:
-        c = candidate(problem, "least memory", least_memory_orders(problem))
+        c = least_memory_candidate(problem)
         found.append(c)
         tracker.offer(c.schedule, c.name)
     return found
-
-
-def _split_fits(problem: Problem) -> bool:
-    limits = problem.tables().limit
-    return all(need <= limit * (1 + 1e-9) for need, limit in zip(problem.split_memory_limit(), limits))
 
 
 def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:

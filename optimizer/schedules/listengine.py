@@ -108,7 +108,7 @@ class Policy:
     force_w: bool = True
 
 
-def _short_of(needs: list[float], limits: tuple[float, ...]) -> tuple[list[int], str]:
+def short_of(needs: list[float], limits: tuple[float, ...]) -> tuple[list[int], str]:
     """The devices whose limit is below their need, and a description of the first few."""
     short = [d for d, (need, limit) in enumerate(zip(needs, limits)) if limit < need - _REL_TOLERANCE * max(1.0, need)]
     details = ", ".join(f"device {d} needs {needs[d]:.6g} > limit {limits[d]:.6g}" for d in short[:4])
@@ -127,7 +127,7 @@ def check_memory_feasible(problem: Problem) -> None:
     `Problem.min_memory_limit()` is the least limit under which any schedule finishes;
     this is the one place that compares the limits with it."""
     needs = problem.min_memory_limit()
-    short, details = _short_of(needs, problem.tables().limit)
+    short, details = short_of(needs, problem.tables().limit)
     if short:
         raise InfeasibleError(f"memory_limit: no schedule fits ({details}); the smallest limit that fits is {_smallest(needs)}")
 
@@ -138,7 +138,7 @@ def check_split_memory(problem: Problem) -> None:
     or fused backwards (the optimizer's models place them)."""
     check_memory_feasible(problem)
     needs = problem.split_memory_limit()
-    short, details = _short_of(needs, problem.tables().limit)
+    short, details = short_of(needs, problem.tables().limit)
     if short:
         raise InfeasibleError(
             f"memory_limit: with every backward split into B and W no schedule fits ({details}): a B that allocates "
