@@ -297,6 +297,7 @@ def main() -> None:
         text = example_markdown(case)
         print(text)
         output = args.output.with_name(args.output.name + "-example")
+        output.parent.mkdir(parents=True, exist_ok=True)
         output.with_suffix(".json").write_text(json.dumps(case, indent=1))
         output.with_suffix(".md").write_text(text)
         return
