@@ -20,11 +20,12 @@ can be compared with the even split and the hand rules side by side.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from optimizer.errors import InputError
+from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact.incumbents import best_fitting, generator_candidates, objective_value
+from optimizer.exact.least_memory import least_memory_candidate, split_backwards_fit
 from optimizer.exact.options import SolveOptions
 from optimizer.layers import LayersProfile
 from optimizer.problem import Problem
@@ -35,12 +36,14 @@ from optimizer.split import (
     SplitInfeasible,
     bottleneck_split,
     even_split,
+    fixed_memory,
     hand_rule_splits,
     layer_memory,
     layer_work,
     neighbours,
     split_problem,
 )
+from optimizer.vocab_layers import VocabSharding, shard_vocabulary
 
 # Shares of the time limit: scoring the candidates, local search, then the solver.
 CANDIDATE_SHARE = 0.25
@@ -59,6 +62,7 @@ class SplitTrial:
     reason: str | None = None  # why no schedule fits, when none does
     need: float | None = None  # the least memory limit this split needs, when it does not fit
     solver_seconds: float | None = None  # the time `auto` had on this split, when it had any
+    held: list[float] | None = None  # per device, the memory its layers hold all step (parameter state)
 
     def value(self, objective: str) -> float:
         return objective_value(self.schedule, objective) if self.schedule is not None else float("inf")
@@ -69,6 +73,7 @@ class BalanceResult:
     chosen: SplitTrial
     trials: list[SplitTrial] = field(default_factory=list)  # every split tried, in the order tried
     interrupted: bool = False  # Ctrl-C ended the search early: the best so far
+    vocab: VocabSharding | None = None  # the vocabulary passes every problem had, if any
 
 
 @dataclass
@@ -82,22 +87,27 @@ class _SplitSearch:
     options: SolveOptions
     solve: Callable[[Problem, SolveOptions], Schedule]
     on_trial: Callable[[SplitTrial], None] | None
+    vocab: VocabSharding | None = None
     began: float = field(default_factory=time.monotonic)
     trials: list[SplitTrial] = field(default_factory=list)
 
     def score(self, split: Split, name: str, deadline: float | None) -> SplitTrial:
         """Try `split`: its best known fitting schedule (families and automatic schedulers)."""
-        trial = SplitTrial(name, split)
+        trial = SplitTrial(name, split, held=fixed_memory(self.profile, self.placement, split, self.vocab))
         self.trials.append(trial)
         try:
-            trial.problem = split_problem(self.profile, self.placement, split, self.num_microbatches, self.memory_limit)
+            trial.problem = split_problem(self.profile, self.placement, split, self.num_microbatches, self.memory_limit, self.vocab)
         except SplitInfeasible as error:
             trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
         else:
             found, _ = generator_candidates(trial.problem, deadline=deadline)
             best = best_fitting(found, self.options.objective)
+            if best is None and not split_backwards_fit(trial.problem):
+                # Only fused backwards fit (a B that allocates): the least-memory order fits
+                # every limit the split's problem was built under, where few families may.
+                best = least_memory_candidate(trial.problem)
             if best is None:
-                trial.reason = "no known schedule fits its memory limit"
+                trial.reason = "no known schedule fitting its memory limit was found in time"
             else:
                 trial.schedule = best.schedule
         if self.on_trial is not None:
@@ -107,7 +117,7 @@ class _SplitSearch:
     def run(self) -> None:
         limit, objective = self.options.time_limit, self.options.objective
         candidate_deadline = self.began + CANDIDATE_SHARE * limit
-        for name, split in candidate_splits(self.profile, self.placement.num_stages).items():
+        for name, split in candidate_splits(self.profile, self.placement.num_stages, hand_rules=self.vocab is None).items():
             # The even split is always scored in full: it is the baseline every choice is compared with.
             self.score(split, name, None if name == "even" else max(candidate_deadline, time.monotonic() + 0.05 * limit))
 
@@ -141,16 +151,25 @@ class _SplitSearch:
             if share <= 0.05:
                 break
             assert trial.problem is not None
-            solved = self.solve(trial.problem, replace(self.options, time_limit=share))
-            trial.solver_seconds = share
+            try:
+                solved = self.solve(trial.problem, replace(self.options, time_limit=share))
+            except InfeasibleError:  # the split keeps the schedule it has; the others theirs
+                continue
+            finally:
+                trial.solver_seconds = share
             if objective_value(solved, objective) < trial.value(objective):
                 trial.schedule = solved
 
 
-def candidate_splits(profile: LayersProfile, num_stages: int) -> dict[str, Split]:
-    """The splits every search starts from, by name (duplicates dropped, first name kept)."""
+def candidate_splits(profile: LayersProfile, num_stages: int, hand_rules: bool = True) -> dict[str, Split]:
+    """The splits every search starts from, by name (duplicates dropped, first name kept).
+
+    The hand rules make room for the embedding and the head on the end stages; under
+    vocabulary parallelism those are sharded over every device and the rules are left out.
+    """
     named: dict[str, Split] = {"even": even_split(profile, num_stages)}
-    named.update(hand_rule_splits(profile, num_stages))
+    if hand_rules:
+        named.update(hand_rule_splits(profile, num_stages))
     named["bottleneck"] = bottleneck_split(layer_work(profile), num_stages)
     # The split that needs the least memory: the one to start from when the limit is tight.
     named["least memory"] = bottleneck_split(layer_memory(profile), num_stages)
@@ -169,13 +188,16 @@ def choose_split(
     options: SolveOptions,
     solve: Callable[[Problem, SolveOptions], Schedule],
     on_trial: Callable[[SplitTrial], None] | None = None,
+    vocab: VocabSharding | None = None,
 ) -> BalanceResult:
     """Search splits and schedules together within options.time_limit (see the module doc).
 
     `solve` is the solver for one fixed split (optimizer.exact.solve with method auto);
-    it is passed in so this module does not depend on the portfolio.
+    it is passed in so this module does not depend on the portfolio. With `vocab`,
+    `profile` is the trunk (optimizer.vocab_layers.shard_vocabulary) and every problem
+    has the vocabulary passes.
     """
-    search = _SplitSearch(profile, placement, num_microbatches, memory_limit, options, solve, on_trial)
+    search = _SplitSearch(profile, placement, num_microbatches, memory_limit, options, solve, on_trial, vocab)
     interrupted = False
     try:
         search.run()
@@ -187,7 +209,47 @@ def choose_split(
             raise KeyboardInterrupt
         raise _no_split_fits(search.trials, memory_limit)
     chosen = min(fitting, key=lambda t: t.value(options.objective))
-    return BalanceResult(chosen, search.trials, interrupted)
+    return BalanceResult(chosen, search.trials, interrupted, vocab)
+
+
+def choose_vocab_split(
+    profile: LayersProfile,
+    placement: Placement,
+    num_microbatches: int,
+    memory_limit: float | None,
+    options: SolveOptions,
+    solve: Callable[[Problem, SolveOptions], Schedule],
+    barriers: Sequence[int],
+    on_trial: Callable[[SplitTrial], None] | None = None,
+) -> BalanceResult:
+    """Vocabulary parallelism: the embedding and head sharded over every device, the blocks
+    split with the schedule, for each barrier count in turn with an equal share of the time.
+
+    One barrier shortens the way to the last stage's backward, two keep less memory
+    between the passes (optimizer.vocab_layers); the shorter schedule that fits wins. When
+    neither fits, the error names the least limit either needs.
+    """
+    results: list[BalanceResult] = []
+    infeasible: list[SplitInfeasible] = []
+    began = time.monotonic()
+    for k, count in enumerate(barriers):
+        trunk, vocab = shard_vocabulary(profile, placement.num_devices, count)
+        share = (options.time_limit - (time.monotonic() - began)) / (len(barriers) - k)
+        try:
+            result = choose_split(
+                trunk, placement, num_microbatches, memory_limit, replace(options, time_limit=max(share, 0.01)), solve, on_trial, vocab
+            )
+        except SplitInfeasible as error:
+            infeasible.append(error)
+            continue
+        results.append(result)
+        if result.interrupted:
+            break
+    if not results:
+        raise min(infeasible, key=lambda error: error.need)
+    best = min(results, key=lambda r: r.chosen.value(options.objective))
+    best.interrupted = any(r.interrupted for r in results)
+    return best
 
 
 def _no_split_fits(trials: list[SplitTrial], memory_limit: float | None) -> SplitInfeasible:
@@ -201,10 +263,11 @@ def _no_split_fits(trials: list[SplitTrial], memory_limit: float | None) -> Spli
     )
 
 
-def check_layers_fit(profile: LayersProfile, placement: Placement) -> None:
-    """Refuse, before any search, a placement with more stages than the model has layers."""
+def check_layers_fit(profile: LayersProfile, placement: Placement, what: str = "layers") -> None:
+    """Refuse, before any search, a placement with more stages than the model has layers
+    (`what` names them: the trunk's blocks under vocabulary parallelism)."""
     if placement.num_stages > profile.num_layers:
         raise InputError(
-            f"layers: {profile.num_layers} layers cannot fill the {placement.num_stages} stages of "
+            f"layers: {profile.num_layers} {what} cannot fill the {placement.num_stages} stages of "
             f"{placement.name} on {placement.num_devices} devices (one layer each at least)"
         )

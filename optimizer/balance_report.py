@@ -14,14 +14,15 @@ from typing import cast
 
 from rich.table import Table
 
-from optimizer.balance import BalanceResult, SplitTrial, check_layers_fit, choose_split
+from optimizer.balance import BalanceResult, SplitTrial, check_layers_fit, choose_split, choose_vocab_split
 from optimizer.errors import InputError
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.options import SolveOptions
 from optimizer.layers import layers_from_json
 from optimizer.problem import Problem, check_size
 from optimizer.schedule import Schedule
-from optimizer.split import Placement, fixed_memory
+from optimizer.split import Placement
+from optimizer.vocab_layers import shard_vocabulary
 
 
 def solve_layers(
@@ -35,8 +36,12 @@ def solve_layers(
     options: SolveOptions,
     as_json: bool,
     quiet: bool,
+    vocab_barriers: tuple[int, ...] = (),
 ) -> tuple[Schedule, bool]:
-    """Choose the split and the schedule; return the schedule and whether Ctrl-C cut the search."""
+    """Choose the split and the schedule; return the schedule and whether Ctrl-C cut the search.
+
+    `vocab_barriers`: with vocabulary parallelism, the barrier counts to try (empty: none).
+    """
     if devices is None or microbatches is None:
         raise InputError(f"{source}: a layers file needs --devices and --microbatches")
     if method != "auto":
@@ -47,7 +52,10 @@ def solve_layers(
         raise InputError(str(error)) from None
     profile = layers_from_json(data, source)
     placement = Placement.named(placement_name, devices)
-    check_layers_fit(profile, placement)
+    if vocab_barriers:  # only the blocks (the trunk) fill the stages
+        check_layers_fit(shard_vocabulary(profile, devices, vocab_barriers[0])[0], placement, "blocks (embedding and head sharded)")
+    else:
+        check_layers_fit(profile, placement)
 
     def report(trial: SplitTrial) -> None:
         # A live progress display, like the solver's: on a terminal only, so that an error
@@ -61,24 +69,30 @@ def solve_layers(
     def solve_split(problem: Problem, split_options: SolveOptions) -> Schedule:
         return solve(problem, "auto", split_options)
 
-    result = choose_split(profile, placement, microbatches, memory_limit, options, solve_split, on_trial=report)
-    assert result.chosen.schedule is not None
-    fixed = {t.split: fixed_memory(profile, placement, t.split) for t in result.trials}
-    if as_json:
-        print(json.dumps(_as_json(result, fixed, options.objective)))
+    if vocab_barriers:
+        result = choose_vocab_split(profile, placement, microbatches, memory_limit, options, solve_split, vocab_barriers, on_trial=report)
     else:
-        _print_table(result, fixed, options.objective)
+        result = choose_split(profile, placement, microbatches, memory_limit, options, solve_split, on_trial=report)
+    assert result.chosen.schedule is not None
+    if as_json:
+        print(json.dumps(_as_json(result, options.objective)))
+    else:
+        _print_table(result, options.objective)
     return result.chosen.schedule, result.interrupted
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _text(split: tuple[int, ...]) -> str:
     return "/".join(map(str, split))
 
 
-def _peak(trial: SplitTrial, fixed: list[float]) -> float | None:
-    if trial.schedule is None:
+def _peak(trial: SplitTrial) -> float | None:
+    if trial.schedule is None or trial.held is None:
         return None
-    return max(peak + held for peak, held in zip(trial.schedule.metrics.peak_memory, fixed))
+    return max(peak + held for peak, held in zip(trial.schedule.metrics.peak_memory, trial.held))
 
 
 def _shown(result: BalanceResult) -> list[SplitTrial]:
@@ -89,7 +103,7 @@ def _shown(result: BalanceResult) -> list[SplitTrial]:
     return shown
 
 
-def _as_json(result: BalanceResult, fixed: dict, objective: str) -> dict:
+def _as_json(result: BalanceResult, objective: str) -> dict:
     rows = []
     for trial in _shown(result):
         rows.append(
@@ -97,13 +111,14 @@ def _as_json(result: BalanceResult, fixed: dict, objective: str) -> dict:
                 "split": trial.name,
                 "layers_per_stage": list(trial.split),
                 objective: None if trial.schedule is None else objective_value(trial.schedule, objective),
-                "peak_memory": _peak(trial, fixed[trial.split]),
+                "peak_memory": _peak(trial),
                 "note": trial.reason,
                 "chosen": trial is result.chosen,
             }
         )
     schedule = cast("Schedule", result.chosen.schedule)
-    return {"metrics": schedule.metrics.as_dict(), "splits": rows, "splits_tried": len(result.trials)}
+    vocab = None if result.vocab is None else result.vocab.passes.model_dump()
+    return {"metrics": schedule.metrics.as_dict(), "splits": rows, "splits_tried": len(result.trials), "vocab_parallel": vocab}
 
 
 def _note(trial: SplitTrial) -> str:
@@ -112,14 +127,14 @@ def _note(trial: SplitTrial) -> str:
     return trial.reason or ""
 
 
-def _print_table(result: BalanceResult, fixed: dict, objective: str) -> None:
+def _print_table(result: BalanceResult, objective: str) -> None:
     from optimizer.cli import metrics_line, stdout_console
 
     table = Table(title=f"layer splits ({len(result.trials)} tried)")
     for column in ("split", "layers per stage", objective, "peak memory with parameters", ""):
         table.add_column(column, no_wrap=column == "layers per stage")
     for trial in _shown(result):
-        peak = _peak(trial, fixed[trial.split])
+        peak = _peak(trial)
         table.add_row(
             trial.name,
             _text(trial.split),
@@ -130,3 +145,9 @@ def _print_table(result: BalanceResult, fixed: dict, objective: str) -> None:
     stdout_console().print(table)
     schedule = cast("Schedule", result.chosen.schedule)
     print(f"chosen split {_text(result.chosen.split)}: {metrics_line(schedule)}")
+    if result.vocab is not None:
+        passes = result.vocab.passes
+        print(
+            f"vocabulary parallelism: embedding and head sharded over {_count(schedule.problem.num_devices, 'device')}, "
+            f"{_count(passes.barriers, 'barrier')} per microbatch (S {passes.forward:.4g}, T {passes.backward:.4g})"
+        )

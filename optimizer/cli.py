@@ -250,7 +250,8 @@ def layers(
     """Write the layers file of a decoder-only model from its sizes (times in ms from FLOPs, memory in GiB).
 
     Solve it with `pipesched solve layers.json --devices P --microbatches M` to choose the
-    layer split with the schedule; formulas in the README (Balancing the pipeline).
+    layer split with the schedule (add --vocab-parallel to shard the embedding and the
+    head over all devices instead); formulas in the README (Balancing the pipeline).
     """
     from optimizer.layer_costs import DecoderSizes, decoder_layers
     from optimizer.layers import layers_to_json
@@ -292,6 +293,14 @@ def solve(
     memory_limit: float | None = typer.Option(
         None, "--memory-limit", help="Layers file only: memory per device, the layers' parameters included; default unlimited."
     ),
+    vocab_parallel: bool = typer.Option(
+        False, "--vocab-parallel", help="Layers file only: shard the embedding and the head over all devices (vocabulary parallelism)."
+    ),
+    vocab_barriers: str = typer.Option(
+        "best",
+        "--vocab-barriers",
+        help="With --vocab-parallel: collectives per microbatch, 1 or 2, or best (both tried, the shorter kept).",
+    ),
 ) -> None:
     """Build a schedule with the optimizer (auto, cpsat, milp) or a schedule family.
 
@@ -299,7 +308,10 @@ def solve(
 
     Given a layers file (`pipesched layers`, `pipesched profile --per-layer`), it chooses how
     many consecutive layers each stage holds together with the schedule (--method auto),
-    and prints the split chosen beside the even split and the hand rules.
+    and prints the split chosen beside the even split and the hand rules. With
+    --vocab-parallel the embedding and the head are sharded over all devices as
+    vocabulary passes (S and T per device and microbatch), the blocks are split into
+    stages, and the schedule records the passes for `run`.
 
     Ctrl-C stops it and writes the best schedule so far.
 
@@ -312,6 +324,7 @@ def solve(
     finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
     finite_option("--memory-limit", memory_limit, low=0.0)
+    barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
     check_outputs([output], [problem_file])
     data = read_json(problem_file)
     if is_layers_data(data):
@@ -321,7 +334,7 @@ def solve(
             from optimizer.exact import SolveOptions
         options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)
         schedule, interrupted = solve_layers(
-            data, str(problem_file), devices, microbatches, placement, memory_limit, method, options, as_json, quiet
+            data, str(problem_file), devices, microbatches, placement, memory_limit, method, options, as_json, quiet, barrier_choices
         )
         with interrupts_deferred():
             save_schedule(schedule, output)
@@ -331,6 +344,8 @@ def solve(
     for name, value in (("--devices", devices), ("--microbatches", microbatches), ("--memory-limit", memory_limit)):
         if value is not None:
             raise InputError(f"{name}: only for a layers file; {problem_file} is a problem, which has its own")
+    if vocab_parallel:
+        raise InputError(f"--vocab-parallel: only for a layers file; {problem_file} is a problem (give it a vocab_parallel field)")
     loaded = problem_from_json(data, str(problem_file))
     interrupted = False
     if method in ("auto", "cpsat", "milp"):
@@ -347,6 +362,18 @@ def solve(
     _print_metrics(schedule, as_json)
     if interrupted:
         raise typer.Exit(INTERRUPTED)
+
+
+def _vocab_barrier_choices(vocab_parallel: bool, barriers: str) -> tuple[int, ...]:
+    """The barrier counts --vocab-parallel tries: none without it, both for `best`."""
+    choices = {"best": (1, 2), "1": (1,), "2": (2,)}
+    if barriers not in choices:
+        raise InputError(f"--vocab-barriers: '{barriers}' is not 1, 2 or best")
+    if not vocab_parallel:
+        if barriers != "best":
+            raise InputError("--vocab-barriers: only with --vocab-parallel")
+        return ()
+    return choices[barriers]
 
 
 def _optimize(

@@ -331,24 +331,34 @@ class Problem(_Strict):
         A microbatch's activation on a stage lives from its F to its B/W, and the later
         stages' ops of that microbatch happen in between, so the device must hold the peak
         of one microbatch's own trajectory (`one_microbatch_peaks`); running microbatches
-        one at a time reaches exactly that. It is the sum of the forward allocations when
-        B's free memory, more when a B allocates (held until its W). With token slices all
-        of a microbatch's forwards still precede its backwards, so the forward sum stands;
-        a B that allocates is counted slice by slice in the order of one stage per device
-        (on devices with several stages, a limit under which one order fits).
+        one at a time, each backward fused, reaches exactly that. A fused backward BW is
+        always allowed and changes memory once, at its end, by B's and W's deltas together,
+        so it never holds more than B then W: where a B allocates (held until its W) the
+        split peak is higher (`split_memory_limit`). With token slices all of a
+        microbatch's forwards still precede its backwards, so the forward sum stands.
         """
+        tables = self.tables()
+        return [one_microbatch_peaks(tables, self.stages_on(d), fused=True)[0] for d in range(self.num_devices)]
+
+    def split_memory_limit(self) -> list[float]:
+        """Per device, the least limit under which a schedule with every backward split into
+        B then W exists: `min_memory_limit` where no B allocates, more where one does (the
+        allocation is held until the W; with token slices counted slice by slice in the order
+        of one stage per device, on devices with several stages a limit under which one
+        order fits). The list engine and every family that splits need this much."""
         tables = self.tables()
         return [one_microbatch_peaks(tables, self.stages_on(d))[0] for d in range(self.num_devices)]
 
 
-def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
+def one_microbatch_peaks(tables: Tables, stages: list[int], fused: bool = False) -> list[float]:
     """Memory one microbatch can still add on a device after its first k F's and B's there.
 
     Its ops on the device's `stages` follow the F's in stage order, then the B's in reverse
     stage order (the only order the dependencies allow), each W counted right after its B
-    (the earliest it can free). With token slices, each stage's F's run slice by slice and
-    its B's in reverse, each a share of the stage's deltas (the order the dependencies ask
-    for on a device with one stage). Entry 0 is the microbatch's peak on the device.
+    (the earliest it can free), or with `fused` both deltas at once (a fused backward BW).
+    With token slices, each stage's F's run slice by slice and its B's in reverse, each a
+    share of the stage's deltas (the order the dependencies ask for on a device with one
+    stage). Entry 0 is the microbatch's peak on the device.
     """
     shares = tables.slice_share
     slices = range(len(shares))
@@ -359,7 +369,12 @@ def one_microbatch_peaks(tables: Tables, stages: list[int]) -> list[float]:
         # right after it, before any B, which is the least it can hold.
         steps.append((tables.vocab_memory, -tables.vocab_memory))
     steps += [
-        (tables.mem_backward_input[s] * shares[k], tables.mem_backward_weight[s] * shares[k])
+        (
+            (tables.mem_backward_input[s] + tables.mem_backward_weight[s]) * shares[k]
+            if fused
+            else tables.mem_backward_input[s] * shares[k],
+            0.0 if fused else tables.mem_backward_weight[s] * shares[k],
+        )
         for s in reversed(stages)
         for k in reversed(slices)
     ]

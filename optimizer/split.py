@@ -18,6 +18,7 @@ from optimizer.errors import InfeasibleError, InputError
 from optimizer.io import validate_model
 from optimizer.layers import LayersProfile
 from optimizer.problem import Problem, placement_devices
+from optimizer.vocab_layers import VocabSharding
 
 Split = tuple[int, ...]
 
@@ -66,9 +67,10 @@ def stage_ranges(split: Sequence[int]) -> list[range]:
     return ranges
 
 
-def fixed_memory(profile: LayersProfile, placement: Placement, split: Sequence[int]) -> list[float]:
-    """Per device, the memory its layers hold for the whole step (parameters and their state)."""
-    held = [0.0] * placement.num_devices
+def fixed_memory(profile: LayersProfile, placement: Placement, split: Sequence[int], vocab: VocabSharding | None = None) -> list[float]:
+    """Per device, the memory its layers hold for the whole step (parameters and their state),
+    with its shards of the vocabulary layers under vocabulary parallelism."""
+    held = [vocab.held_per_device if vocab is not None else 0.0] * placement.num_devices
     for stage, layers in enumerate(stage_ranges(split)):
         held[placement.device_of[stage]] += sum(profile.layers[i].parameters for i in layers)
     return held
@@ -96,7 +98,12 @@ def stage_payload(profile: LayersProfile, layers: range, device: int) -> dict:
 
 
 def _problem(
-    profile: LayersProfile, placement: Placement, split: Sequence[int], num_microbatches: int, limits: list[float] | None
+    profile: LayersProfile,
+    placement: Placement,
+    split: Sequence[int],
+    num_microbatches: int,
+    limits: list[float] | None,
+    vocab: VocabSharding | None,
 ) -> Problem:
     stages = [stage_payload(profile, layers, placement.device_of[s]) for s, layers in enumerate(stage_ranges(split))]
     data = {
@@ -106,6 +113,8 @@ def _problem(
         "comm_time": profile.comm_time,
         "memory_limit": limits,
     }
+    if vocab is not None:
+        data["vocab_parallel"] = vocab.passes.model_dump()
     return validate_model(Problem, data, "split")
 
 
@@ -115,13 +124,17 @@ def split_problem(
     split: Sequence[int],
     num_microbatches: int,
     memory_limit: float | None = None,
+    vocab: VocabSharding | None = None,
 ) -> Problem:
-    """The scheduling problem of `split`; SplitInfeasible when no schedule can fit the limit."""
+    """The scheduling problem of `split`; SplitInfeasible when no schedule can fit the limit.
+
+    With `vocab`, `profile` is the trunk (optimizer.vocab_layers) and the problem has the
+    vocabulary passes."""
     check_split(profile, placement, split)
-    unlimited = _problem(profile, placement, split, num_microbatches, None)
+    unlimited = _problem(profile, placement, split, num_microbatches, None, vocab)
     if memory_limit is None:
         return unlimited
-    held = fixed_memory(profile, placement, split)
+    held = fixed_memory(profile, placement, split, vocab)
     need = [h + least for h, least in zip(held, unlimited.min_memory_limit())]
     worst = max(range(placement.num_devices), key=lambda d: need[d])
     if need[worst] > memory_limit * (1 + 1e-9):
@@ -130,18 +143,18 @@ def split_problem(
             f"microbatch's activations), more than {memory_limit:g}",
             need[worst],
         )
-    return _problem(profile, placement, split, num_microbatches, [memory_limit - h for h in held])
+    return _problem(profile, placement, split, num_microbatches, [memory_limit - h for h in held], vocab)
 
 
-def memory_need(profile: LayersProfile, placement: Placement, split: Sequence[int]) -> list[float]:
+def memory_need(profile: LayersProfile, placement: Placement, split: Sequence[int], vocab: VocabSharding | None = None) -> list[float]:
     """Per device, the least memory limit under which any schedule of `split` exists.
 
     Its layers' fixed memory plus one microbatch's activation peak there (the least any
     schedule needs: Problem.min_memory_limit).
     """
     check_split(profile, placement, split)
-    unlimited = _problem(profile, placement, split, 1, None)
-    return [held + need for held, need in zip(fixed_memory(profile, placement, split), unlimited.min_memory_limit())]
+    unlimited = _problem(profile, placement, split, 1, None, vocab)
+    return [held + need for held, need in zip(fixed_memory(profile, placement, split, vocab), unlimited.min_memory_limit())]
 
 
 def layer_memory(profile: LayersProfile) -> list[float]:

@@ -30,7 +30,7 @@ def device_bounds(problem: Problem) -> list[float]:
     values = []
     for device in range(problem.num_devices):
         origin = min(problem.stages_on(device))
-        head = heads(problem, problem.memory_limit is not None, origin=origin, memory_device=device)
+        head = heads(problem, problem.memory_limit is not None, origin=origin)
         values.append(warm_up_and_drain(problem, device, head, device_tails(problem, device)))
     return values
 

@@ -19,7 +19,7 @@ from optimizer.exact.options import Progress
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
 from optimizer.problem import Problem, uniform_problem
-from optimizer.schedules import GENERATORS
+from optimizer.schedules import GENERATORS, generate
 from optimizer.simulate import simulate
 from optimizer.validate import validate
 
@@ -187,14 +187,22 @@ def test_memory_limit_below_one_microbatch_is_infeasible_and_names_the_smallest_
         solve(problem, "auto", SolveOptions(time_limit=5))
 
 
-def test_allocating_backward_raises_the_smallest_limit_and_it_is_solved():
-    # B allocates 0.25 (held until W): one microbatch alone peaks at 1 + 0.25 on each device.
+def test_allocating_backward_needs_more_only_when_split():
+    # B allocates 0.25 (held until its W): one microbatch alone peaks at 1 + 0.25 on each
+    # device with split backwards, at 1 with fused ones (B's and W's deltas at once).
     base = uniform_problem(3, 4, 1.0, 1.0, 0.5, mem_forward=1.0, mem_backward_input=0.25)
-    with pytest.raises(InfeasibleError, match=r"smallest limit that fits is 1\.25"):
-        solve(base.model_copy(update={"memory_limit": 1.2}), "auto", SolveOptions(time_limit=5))
-    schedule = solve(base.model_copy(update={"memory_limit": 1.25}), "auto", SolveOptions(time_limit=5))
-    assert_valid(schedule)
-    assert max(schedule.metrics.peak_memory) <= 1.25 + 1e-9
+    assert base.min_memory_limit() == pytest.approx([1.0] * 3)
+    assert base.split_memory_limit() == pytest.approx([1.25] * 3)
+    with pytest.raises(InfeasibleError, match=r"smallest limit that fits is 1$"):
+        solve(base.model_copy(update={"memory_limit": 0.99}), "auto", SolveOptions(time_limit=5))
+    with pytest.raises(InfeasibleError, match=r"fused backwards fit: use --method auto, or a limit of at least 1\.25"):
+        generate(base.model_copy(update={"memory_limit": 1.2}), "greedy")
+    for limit in (1.0, 1.2, 1.25):
+        schedule = solve(base.model_copy(update={"memory_limit": limit}), "auto", SolveOptions(time_limit=5))
+        assert_valid(schedule)
+        assert max(schedule.metrics.peak_memory) <= limit + 1e-9
+        if limit < 1.25:  # only fused backwards fit
+            assert all(op.kind != "B" for ops in schedule.devices for op in ops)
 
 
 def test_smallest_limit_is_feasible_and_solved():

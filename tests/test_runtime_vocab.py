@@ -14,10 +14,11 @@ import pytest
 from test_runtime_families import Batch, tiny_model
 from test_runtime_vocab_plan import hand_made, with_vocab
 
-from optimizer.balance import choose_split
+from optimizer.balance import choose_vocab_split
 from optimizer.exact import SolveOptions, solve
+from optimizer.formats.example_split import blocks_per_stage
 from optimizer.layers import LayersProfile
-from optimizer.problem import Problem, uniform_problem
+from optimizer.problem import uniform_problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import generate
 from optimizer.split import Placement
@@ -36,33 +37,30 @@ VOCAB = 61
 MEMORY = {"forward": 1, "backward_input": -0.5, "backward_weight": -0.5}
 
 
-def layer_split_problem(p: int) -> Problem:
-    """The split the optimizer chooses for a layers file of the example model (a heavy
-    output layer, light embedding), as `pipesched solve layers.json` does."""
-    costs = {"embedding": 0.2, "block": 1.0, "head": 3.0}
+def layer_split_schedule(p: int, barriers: int) -> Schedule:
+    """What `pipesched solve layers.json --vocab-parallel` writes for a layers file of the
+    example model: blocks of uneven cost split with the schedule, the head sharded."""
+    costs = {"embedding": 0.2, "head": 3.0}
     kinds = ["embedding"] + ["block"] * (2 * p) + ["head"]
-    layers = [
-        {
-            "name": f"l{i}",
-            "kind": kind,
-            "forward": costs[kind],
-            "backward_input": costs[kind],
-            "backward_weight": costs[kind],
-            "memory": MEMORY,
-        }
-        for i, kind in enumerate(kinds)
-    ]
+    layers = []
+    for i, kind in enumerate(kinds):
+        cost = costs.get(kind, 3.0 if i == 1 else 1.0)  # a heavy first block: the even split is not the best
+        layers.append({"name": f"l{i}", "kind": kind, "forward": cost, "backward_input": cost, "backward_weight": cost, "memory": MEMORY})
     profile = LayersProfile.model_validate({"format": "pipesched.layers", "version": 1, "layers": layers})
     options = SolveOptions(time_limit=2, threads=1)
-    result = choose_split(profile, Placement.named("linear", p), 2 * p, None, options, lambda problem, o: solve(problem, "auto", o))
-    assert result.chosen.problem is not None
-    return result.chosen.problem
+    result = choose_vocab_split(
+        profile, Placement.named("linear", p), 2 * p, None, options, lambda problem, o: solve(problem, "auto", o), (barriers,)
+    )
+    schedule = result.chosen.schedule
+    assert schedule is not None
+    assert blocks_per_stage(schedule.problem) != [2] * p  # the search moved blocks off the heavy one's stage
+    return schedule
 
 
 def schedule_of(case: str, p: int) -> Schedule:
     name, barriers = case.split("/")
     if name == "split":
-        return generate(with_vocab(layer_split_problem(p), int(barriers)), "1f1b-vocab")
+        return layer_split_schedule(p, int(barriers))
     if name == "reordered":  # microbatch 1's passes fed before 0's: collectives issued late, in order
         return hand_made(p, int(barriers), [("S", 1), ("S", 0), ("T", 1), ("T", 0)])
     placement = FAMILIES.get(name, "linear")

@@ -13,7 +13,15 @@ Four ideas, each a valid bound, the best one is reported:
   microbatches have freed memory, and those frees cannot happen before their round trip
   through the pipeline. This raises the forwards' earliest starts (device 0 with room for
   k activations waits a round trip every k microbatches), and the heads-and-tails bound
-  is computed again with them;
+  is computed again with them. Under the span objective the same holds in each device's
+  own frame, for the forwards of every device (`heads`): on the V placement at
+  V-Min's and V-Half's memory the devices on the way hold back the first device's
+  microbatches (their forwards wait for their own frees), which lengthens the round
+  trips the first device waits for, and counting that raised those bounds by 0.6 to 6%.
+  A device with several stages must also keep room for its next chunk: its first
+  chunk's forward of microbatch i waits for the next chunk's forward of microbatch
+  i - K (optimizer.exact.reservation), whose allocation the memory argument then counts
+  too; on tiny V and interleaved problems at tight limits this reaches the optimum;
 * warm-up and drain (`warm_up_and_drain`): a device's span is its busy time plus the
   idle before its first backward may start plus the idle after its last microbatch's
   first op. Waiting for that microbatch's round trip can only be filled with work left
@@ -30,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optimizer.exact.reservation import lags
 from optimizer.problem import Problem
 
 # Stage-microbatch cells the span bound may spend on per-device passes (about 0.5 s):
@@ -63,7 +72,7 @@ def _links(problem: Problem) -> list[float]:
     return [problem.comm_time if s + 1 < S and device[s] != device[s + 1] else 0.0 for s in range(S)]
 
 
-def heads(problem: Problem, memory_aware: bool, origin: int = 0, memory_device: int | None = None) -> dict[str, list[list[float]]]:
+def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, list[list[float]]]:
     """Earliest start of every op, optionally raised by the memory argument.
 
     With `origin` > 0 the heads are measured from the start of stage `origin`'s first
@@ -72,9 +81,16 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0, memory_device: 
     depends on a forward of `origin` keeps a valid head in that frame (the span bound
     below explains why the others do no harm).
 
-    With `memory_device`, the memory argument is applied to that device's forwards only
-    (a weaker but valid relaxation, and p times cheaper: the span bound needs one set of
-    heads per device).
+    The memory argument holds in that frame on every device, not only on the device
+    whose span is bounded: a forward that cannot fit until earlier microbatches' B's and
+    W's have freed enough starts after those frees end, and every B and W waits for its
+    microbatch's forward of `origin`, so the frees' heads are valid in the frame and so
+    is the forward's raised head. (A forward before `origin` may run before the frame
+    starts, so its head of 0 is no claim about it; raised by memory it is one, and it
+    only feeds the forward of `origin`, which starts in the frame anyway.) This is what
+    sees, from the first device, that the other devices' memory holds back the
+    microbatches on their way: their forwards wait for their own frees, which delays
+    the round trips the first device waits for.
     """
     t = problem.tables()
     S, m = problem.num_stages, problem.num_microbatches
@@ -91,6 +107,11 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0, memory_device: 
     # For a forward of stage s on device d, the "low" stages are those of d up to s: all
     # their forwards of microbatches <= i have started, and only their frees count.
     low_stages = [[s2 for s2 in range(s + 1) if t.device[s2] == t.device[s]] for s in range(S)]
+    # And d's higher stages' forwards up to microbatch i - K (optimizer.exact.reservation).
+    lag = lags(problem) if use_memory else [[] for _ in range(S)]
+
+    # Earliest end of every B and W, kept as arrays for the memory argument's sorting.
+    free_end = {kind: np.zeros((S, m)) for kind in ("B", "W")}
 
     for i in range(m):
         for s in range(S):
@@ -99,35 +120,49 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0, memory_device: 
                 h = F[s - 1][i] + dur["F"][s - 1] + comm[s - 1]
             if i > 0:
                 h = max(h, F[s][i - 1] + dur["F"][s])
-            if use_memory and i > 0 and (memory_device is None or t.device[s] == memory_device):
-                h = max(h, _memory_release(t, low_stages[s], i, head, dur))
+            if use_memory and i > 0:
+                started = [(s2, i + 1) for s2 in low_stages[s]]
+                for higher, k in lag[s]:
+                    if i >= k:
+                        h = max(h, F[higher][i - k] + dur["F"][higher])
+                        started.append((higher, i - k + 1))
+                h = max(h, _memory_release(t, started, i, free_end))
             F[s][i] = h
         for s in reversed(range(S)):
             h = F[s][i] + dur["F"][s] if s == S - 1 else B[s + 1][i] + dur["B"][s + 1] + comm[s]
             if i > 0:
                 h = max(h, B[s][i - 1] + dur["B"][s])
             B[s][i] = h
+            free_end["B"][s, i] = h + dur["B"][s]
         for s in range(S):
             h = B[s][i] + dur["B"][s]
             if i > 0:
                 h = max(h, W[s][i - 1] + dur["W"][s])
             W[s][i] = h
+            free_end["W"][s, i] = h + dur["W"][s]
     return head
 
 
-def _memory_release(t, stages: list[int], i: int, head, dur) -> float:
-    """Earliest time the forward of microbatch i on the last of `stages` can fit in memory."""
-    limit = t.limit[t.device[stages[-1]]]
-    allocated = (i + 1) * sum(t.mem_forward[s] for s in stages)
+def _memory_release(t, started: list[tuple[int, int]], i: int, free_end: dict[str, np.ndarray]) -> float:
+    """Earliest time a forward of microbatch i can fit in memory, given `started`: (stage,
+    number of microbatches whose forward of it has started), all on the forward's device.
+
+    Those forwards hold their allocation until their stage's B and W free it (every other
+    piece held is non-negative), so the frees of those microbatches (`free_end`: their
+    earliest ends; microbatch i has freed nothing yet) must cover what exceeds the limit.
+    """
+    limit = t.limit[t.device[started[0][0]]]
+    allocated = sum(count * t.mem_forward[s] for s, count in started)
     needed = allocated - limit
     if needed <= 1e-12 * max(1.0, limit):
         return 0.0
     ends, amounts = [], []
-    for s in stages:
+    for s, count in started:
+        n = min(count, i)
         for kind, delta in (("B", t.mem_backward_input[s]), ("W", t.mem_backward_weight[s])):
-            if delta < 0:
-                ends.append(np.asarray(head[kind][s][:i]) + dur[kind][s])
-                amounts.append(np.full(i, -delta))
+            if delta < 0 and n > 0:
+                ends.append(free_end[kind][s, :n])
+                amounts.append(np.full(n, -delta))
     if not ends:
         return 0.0
     end = np.concatenate(ends)
@@ -273,7 +308,8 @@ def span_lower_bound(problem: Problem) -> LowerBound:
     its lowest stage, the first of which starts at t0. Measured from t0, an op's start
     is therefore at least its head computed with the earlier stages' forwards taken as
     instantaneous (`heads(..., origin=lowest stage)`; the memory argument still holds,
-    since the frees it counts wait for the device's forwards too), and its end plus
+    since the frees it counts wait for the device's forwards too, on every device, see
+    `heads`), and its end plus
     `device_tails` is at most the span. The device's ops thus form a one-machine
     problem with release dates and delivery times in that frame, whose preemptive
     optimum (Jackson) bounds the span from below. Heads from time 0 would not: a device
@@ -320,7 +356,7 @@ def _device_span_bounds(problem: Problem, busy: list[float]):
         if n > 0 and (n + 1) * cells > SPAN_BOUND_CELLS:
             break
         origin = min(problem.stages_on(device))
-        head = heads(problem, memory_aware, origin=origin, memory_device=device)
+        head = heads(problem, memory_aware, origin=origin)
         tail = device_tails(problem, device)
         own = jackson_preemptive(_jobs_of(problem, device, head, tail))
         # The other devices seen from the first (most telling) frame only: p times the work.

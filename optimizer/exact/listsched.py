@@ -7,7 +7,8 @@ weight gradients right after their B or only when nothing else is ready. A new
 microbatch enters a device only while the device keeps room for one more microbatch's
 forwards on its other stages, so devices with two chunks (V shapes) can still fill their
 memory with first-chunk activations. The engine's memory safety keeps every limit at or
-above problem.min_memory_limit() free of deadlocks; the portfolio keeps the best.
+above problem.split_memory_limit() free of deadlocks (optimizer.exact.least_memory
+covers the limits below it that fused backwards fit); the portfolio keeps the best.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def policies() -> list[Policy]:
 
 def list_schedule(problem: Problem, policy: Policy) -> list[list[Op]]:
     """Per-device orders built by the engine under `policy` (it never gets stuck at any
-    limit from problem.min_memory_limit() up). With vocabulary parallelism, the engine orders the
+    limit from problem.split_memory_limit() up). With vocabulary parallelism, the engine orders the
     problem without the passes and they are woven in (optimizer.schedules.vocab_passes)."""
     if problem.vocab_parallel is not None:
         from optimizer.schedules.vocab_passes import base_problem, with_vocab_passes

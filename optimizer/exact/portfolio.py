@@ -21,6 +21,7 @@ from optimizer.exact import devicebound, localsearch
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import Candidate, candidate, generator_candidates
+from optimizer.exact.least_memory import least_memory_candidate, split_backwards_fit
 from optimizer.exact.listsched import Policy, list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
@@ -72,13 +73,22 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     v-auto has 1.5-4%), then the other generators and policies while their share of the
     time lasts. When no known schedule fits, the first policy runs even past the time
     limit, so there is a schedule that fits whenever one exists, however short the limit.
+    Where the limit fits only fused backwards (a B that allocates, between
+    `Problem.min_memory_limit` and `split_memory_limit`) the list scheduler, which splits
+    them, cannot run, and the least-memory order (optimizer.exact.least_memory) is that
+    schedule.
     """
     found = _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS)
-    # The list-scheduler policies order token slices where the engine can (listengine).
-    grid = policies() if sliced_support(problem) is None else []
+    # The list-scheduler policies order token slices where the engine can (listengine), and
+    # split every backward, which needs problem.split_memory_limit().
+    grid = policies() if sliced_support(problem) is None and split_backwards_fit(problem) else []
     found += _list_policies(problem, tracker, grid[:1], AUTOMATIC_SHARE)
     found += _generators(problem, tracker, lambda name: name not in AUTOMATIC_SCHEDULERS)
     found += _list_policies(problem, tracker, grid[1:], GENERATOR_SHARE)
+    if tracker.best is None:
+        c = least_memory_candidate(problem)
+        found.append(c)
+        tracker.offer(c.schedule, c.name)
     return found
 
 

@@ -15,6 +15,11 @@ from optimizer.schedule import Schedule
 
 
 def layer_names(schedule: Schedule) -> list[list[str]]:
+    if schedule.problem.vocab_parallel is not None:
+        raise InputError(
+            "format: torchtitan-modules lists the embedding and the output layer in stages; this schedule shards them "
+            "over every device (vocabulary parallelism), which torchtitan's stages do not: run it with pipesched run"
+        )
     names = []
     for s, stage in enumerate(schedule.problem.stages):
         if stage.layers is None:

@@ -39,6 +39,11 @@ def stage_layout(kinds: list[str]) -> str:
 def layout_for(problem: Problem) -> str:
     """The layout string of a problem whose stages record their layers (a split's problem)."""
     p = problem.num_devices
+    if problem.vocab_parallel is not None:
+        raise InputError(
+            "format: megatron-layout places the embedding (E) and the loss (L) on stages; this schedule shards them "
+            "over every device (vocabulary parallelism), which the layout cannot express: export example-split or run it with pipesched run"
+        )
     for s, stage in enumerate(problem.stages):
         if stage.layers is None:
             raise InputError(

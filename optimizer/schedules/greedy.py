@@ -5,8 +5,9 @@ makespan is kept.
 
 Works for any placement, heterogeneous stage times and per-device memory limits, and
 orders token slices (under a memory limit, with one stage per device); never
-over the limit and never deadlocked for any limit from `Problem.min_memory_limit()` up
-(the engine's memory safety); below that InfeasibleError says so.
+over the limit and never deadlocked for any limit from `Problem.split_memory_limit()` up
+(the engine's memory safety; it splits every backward); below that InfeasibleError says
+so, and where only fused backwards fit (a B that allocates) points to `auto`.
 """
 
 from __future__ import annotations

@@ -35,9 +35,10 @@ is the oldest unfinished microbatch of the whole problem, nothing older holds me
 so every op of j fits; its ops are also first in each stage's microbatch order, no
 policy rule ever holds them (a heuristic stall drops the heuristics), and its W's are
 runnable, so it always progresses and the run always finishes. One microbatch alone
-must fit, so the least workable limit is its peak on each device,
-`Problem.min_memory_limit()`; below that no schedule exists and
-`check_memory_feasible` says so.
+must fit, so the least workable limit is its peak on each device with split backwards,
+`Problem.split_memory_limit()`: `check_split_memory` refuses less. Below
+`Problem.min_memory_limit()` no schedule exists and `check_memory_feasible` says so; in
+between (a B that allocates) only fused backwards fit, which this engine does not place.
 """
 
 from __future__ import annotations
@@ -107,22 +108,42 @@ class Policy:
     force_w: bool = True
 
 
+def short_of(needs: list[float], limits: tuple[float, ...]) -> tuple[list[int], str]:
+    """The devices whose limit is below their need, and a description of the first few."""
+    short = [d for d, (need, limit) in enumerate(zip(needs, limits)) if limit < need - _REL_TOLERANCE * max(1.0, need)]
+    details = ", ".join(f"device {d} needs {needs[d]:.6g} > limit {limits[d]:.6g}" for d in short[:4])
+    more = f" and {len(short) - 4} more" if len(short) > 4 else ""
+    return short, details + more
+
+
+def _smallest(needs: list[float]) -> str:
+    per_device = "" if len(set(needs)) == 1 else " (per device: " + ", ".join(f"{v:.6g}" for v in needs) + ")"
+    return f"{max(needs):.6g}{per_device}"
+
+
 def check_memory_feasible(problem: Problem) -> None:
     """Raise InfeasibleError, naming the smallest limit that fits, when a device cannot hold one microbatch.
 
-    `Problem.min_memory_limit()` is the least limit under which the engine (and any
-    schedule) finishes; this is the one place that compares the limits with it."""
+    `Problem.min_memory_limit()` is the least limit under which any schedule finishes;
+    this is the one place that compares the limits with it."""
     needs = problem.min_memory_limit()
-    limits = problem.tables().limit
-    short = [d for d, (need, limit) in enumerate(zip(needs, limits)) if limit < need - _REL_TOLERANCE * max(1.0, need)]
-    if not short:
-        return
-    details = ", ".join(f"device {d} needs {needs[d]:.6g} > limit {limits[d]:.6g}" for d in short[:4])
-    more = f" and {len(short) - 4} more" if len(short) > 4 else ""
-    raise InfeasibleError(
-        f"memory_limit: no schedule fits ({details}{more}); the smallest limit that fits is {max(needs):.6g}"
-        + ("" if len(set(needs)) == 1 else " (per device: " + ", ".join(f"{v:.6g}" for v in needs) + ")")
-    )
+    short, details = short_of(needs, problem.tables().limit)
+    if short:
+        raise InfeasibleError(f"memory_limit: no schedule fits ({details}); the smallest limit that fits is {_smallest(needs)}")
+
+
+def check_split_memory(problem: Problem) -> None:
+    """Raise InfeasibleError when the limit fits no schedule whose backwards are all split
+    (this engine's, and the families' that split), naming what would fit: a larger limit,
+    or fused backwards (the optimizer's models place them)."""
+    check_memory_feasible(problem)
+    needs = problem.split_memory_limit()
+    short, details = short_of(needs, problem.tables().limit)
+    if short:
+        raise InfeasibleError(
+            f"memory_limit: with every backward split into B and W no schedule fits ({details}): a B that allocates "
+            f"holds it until its W; fused backwards fit: use --method auto, or a limit of at least {_smallest(needs)}"
+        )
 
 
 def sliced_support(problem: Problem) -> str | None:
@@ -545,6 +566,7 @@ class _ListScheduler:
 
 def schedule_with(problem: Problem, policy: Policy) -> tuple[Orders, float]:
     """One engine run: the orders and the makespan of its own timing."""
+    check_split_memory(problem)
     scheduler = _ListScheduler(problem, policy)
     orders = scheduler.run()
     return orders, scheduler.makespan
@@ -554,7 +576,7 @@ def best_of(problem: Problem, policies: tuple[Policy, ...] | list[Policy]) -> tu
     """The shortest orders (by the engine's own timing) over `policies`, and the policy that made them.
 
     A run that cannot beat the best so far by a relative 1e-12 stops early."""
-    check_memory_feasible(problem)
+    check_split_memory(problem)
     best_orders: Orders | None = None
     best_policy = policies[0]
     best = math.inf
