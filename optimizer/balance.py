@@ -225,9 +225,10 @@ def choose_vocab_split(
     """Vocabulary parallelism: the embedding and head sharded over every device, the blocks
     split with the schedule, for each barrier count in turn with an equal share of the time.
 
-    One barrier shortens the way to the last stage's backward, two keep less memory
-    between the passes (optimizer.vocab_layers); the shorter schedule that fits wins. When
-    neither fits, the error names the least limit either needs.
+    With one barrier the last stage's backward waits for one collective instead of two,
+    but each S does more (optimizer.vocab_layers); which is shorter depends on the
+    schedule, so both are tried and the shorter schedule that fits wins. When neither
+    fits, the error names the least limit either needs.
     """
     results: list[BalanceResult] = []
     infeasible: list[SplitInfeasible] = []
