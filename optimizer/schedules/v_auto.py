@@ -15,6 +15,12 @@ problem's limit, and keeps the best of:
   the others are ranked by their peak memory in the slot model (W's filling free slots,
   the problem's own memory deltas), and the largest that fit the limit are built with
   the shared squeezing of `building_block` and simulated;
+* bent blocks: the same with slopes that change once along the pipeline (a and b up to
+  a bend at a quarter, half or three quarters of the devices, other slopes after it).
+  Constant slopes give few memory levels (at p = 16 peaks of 6, 6.5, 7, then 9); a bend
+  gives the levels between, where a limit between V-Min's and V-Half's otherwise gets
+  V-Min's block (14.6B p16 m48 at a limit of 8: 2051.7 -> 2010.6 ms). They are built
+  besides the constant-slope ones, not instead, on problems small enough to afford it;
 * ZB-V's handcrafted order, when it fits;
 * the memory-aware list scheduler (`greedy`), which uses spare memory for a deeper
   warm-up at limits above ZB-V's and always finds an order that fits when any does.
@@ -48,6 +54,12 @@ _REL_TOLERANCE = 1e-9
 # best-ranked blocks are built.
 _MANY_OPS = 10_000
 _BLOCKS_BUILT_SMALL, _BLOCKS_BUILT_LARGE = 6, 2
+# Bent blocks built besides those, on problems up to _MANY_OPS ops only (above it the
+# automatic scheduler must stay well inside a 5 s limit at p = 32).
+_BENT_BUILT_SMALL = 6
+# Where the slopes may change, as shares of the devices.
+_BENDS = (0.25, 0.5, 0.75)
+_SLOPES = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -58,10 +70,22 @@ class Block:
     peak: tuple[float, ...]
 
 
-def block_offsets(p: int, a: int, b: int, d: int, g: int, e: int) -> list[list[int]]:
-    f1_bottom = a * (p - 1) + e + (p - 1)  # F of chunk 1 on device 0: the bottom of the V
-    b1_top = f1_bottom + 1 + d + b * (p - 1)
-    return [[a * i, a * (p - 1) + e + (p - 1 - i), f1_bottom + 1 + d + b * i, b1_top + g + (p - 1 - i)] for i in range(p)]
+def wave(p: int, slope: int, after: int | None = None, bend: int = 0) -> list[int]:
+    """Slot of each device along a wave: `slope` slots a device up to device `bend`,
+    `after` slots a device beyond it (the same slope when None)."""
+    positions = [0]
+    for i in range(1, p):
+        positions.append(positions[-1] + (slope if after is None or i <= bend else after))
+    return positions
+
+
+def block_offsets(forward: list[int], backward: list[int], d: int, g: int, e: int) -> list[list[int]]:
+    """[F0, F1, B1, B0] slots per device for chunk-0 forward slots `forward` and chunk-1
+    backward slots `backward` (both from `wave`), bottom delay d, turns g and e."""
+    p = len(forward)
+    f1_bottom = forward[-1] + e + (p - 1)  # F of chunk 1 on device 0: the bottom of the V
+    b1_top = f1_bottom + 1 + d + backward[-1]
+    return [[forward[i], forward[-1] + e + (p - 1 - i), f1_bottom + 1 + d + backward[i], b1_top + g + (p - 1 - i)] for i in range(p)]
 
 
 def slot_model_peak(problem: Problem, offsets: list[list[int]], m: int) -> list[float]:
@@ -95,19 +119,31 @@ def slot_model_peak(problem: Problem, offsets: list[list[int]], m: int) -> list[
     return peaks
 
 
-def candidate_blocks(problem: Problem) -> list[Block]:
-    """Collision-free blocks of the family, with V-Min's and V-Half's own offsets, by peak."""
+def candidate_blocks(problem: Problem, bent: bool = False) -> list[Block]:
+    """Collision-free blocks of the family, with V-Min's and V-Half's own offsets; with
+    `bent`, the bent blocks that are not already among those."""
     p, m = problem.num_devices, problem.num_microbatches
     m_est = min(m, 2 * p + 2)  # the peak is reached once lifespans overlap fully
-    seen: set[tuple[tuple[int, ...], ...]] = set()
-    blocks = []
-    families = [v_min_offsets(p), v_half_offsets(p)]
-    families += [block_offsets(p, *k) for k in product((1, 2, 3), (1, 2, 3), range(_PERIOD), (1, 2, 3), (1, 2, 3))]
+    turns = list(product(range(_PERIOD), (1, 2, 3), (1, 2, 3)))
+    constant = [v_min_offsets(p), v_half_offsets(p)]
+    constant += [block_offsets(wave(p, a), wave(p, b), *t) for a, b in product(_SLOPES, _SLOPES) for t in turns]
+    seen = {tuple(tuple(r) for r in rows) for rows in constant}
+    families: list[list[list[int]]] = constant
+    if bent:
+        bends = sorted({round(p * share) for share in _BENDS} - {0, p - 1})
+        families = [
+            block_offsets(wave(p, a, a2, bend), wave(p, b, b2, bend), *t)
+            for bend in bends
+            for a, a2, b, b2 in product(_SLOPES, repeat=4)
+            if (a, b) != (a2, b2)
+            for t in turns
+        ]
+    blocks, kept = [], set()
     for rows in families:
         key = tuple(tuple(r) for r in rows)
-        if key in seen or any(len({x % _PERIOD for x in r}) < 4 for r in rows):
+        if key in kept or (bent and key in seen) or any(len({x % _PERIOD for x in r}) < 4 for r in rows):
             continue
-        seen.add(key)
+        kept.add(key)
         blocks.append(Block(key, tuple(slot_model_peak(problem, rows, m_est))))
     return blocks
 
@@ -141,10 +177,15 @@ def v_auto(problem: Problem) -> Orders:
     # real one), so the result is never worse than theirs where they fit. Where ZB-V fits,
     # the generalised blocks (below V-Half's memory or just above) do not come near it.
     known = [tuple(tuple(r) for r in rows) for rows in (v_min_offsets(p), v_half_offsets(p))]
-    blocks = [] if zb_v_fits else [b for b in candidate_blocks(problem) if _fits(problem, b.peak)]
-    budget = 0 if zb_v_fits else _BLOCKS_BUILT_LARGE if 6 * p * m > _MANY_OPS else _BLOCKS_BUILT_SMALL
-    ranked = [b.offsets for b in sorted(blocks, key=lambda b: -max(b.peak)) if b.offsets not in known]
-    for offsets in ranked[:budget] + known:
+    small = 6 * p * m <= _MANY_OPS
+    chosen: list[tuple[tuple[int, ...], ...]] = []
+    if not zb_v_fits:
+        for bent, budget in ((False, _BLOCKS_BUILT_SMALL if small else _BLOCKS_BUILT_LARGE), (True, _BENT_BUILT_SMALL if small else 0)):
+            if budget == 0:
+                continue
+            fitting = [b for b in candidate_blocks(problem, bent) if _fits(problem, b.peak)]
+            chosen += [b.offsets for b in sorted(fitting, key=lambda b: -max(b.peak)) if b.offsets not in known][:budget]
+    for offsets in chosen + known:
         consider(building_block_orders([list(r) for r in offsets], m))
     # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
     # the fallback that fits whenever any schedule can; at tighter limits the blocks
