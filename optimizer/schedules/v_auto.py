@@ -157,7 +157,9 @@ def _span(schedule: Schedule) -> float:
     return max(ops[-1].end - ops[0].start for ops in schedule.devices if ops)
 
 
-def v_auto(problem: Problem) -> Orders:
+def v_auto(problem: Problem, bends: bool = True) -> Orders:
+    """The best V-shape order within the limit (see the module docstring); `bends=False`
+    leaves the bent blocks out (what the constant-slope family alone reaches)."""
     p, m = problem.num_devices, problem.num_microbatches
     best: tuple[float, Orders] | None = None
 
@@ -180,7 +182,7 @@ def v_auto(problem: Problem) -> Orders:
     small = 6 * p * m <= _MANY_OPS
     chosen: list[tuple[tuple[int, ...], ...]] = []
     if not zb_v_fits:
-        for bent, budget in ((False, _BLOCKS_BUILT_SMALL if small else _BLOCKS_BUILT_LARGE), (True, _BENT_BUILT_SMALL if small else 0)):
+        for bent, budget in ((False, _BLOCKS_BUILT_SMALL if small else _BLOCKS_BUILT_LARGE), (True, _BENT_BUILT_SMALL if small and bends else 0)):
             if budget == 0:
                 continue
             fitting = [b for b in candidate_blocks(problem, bent) if _fits(problem, b.peak)]
