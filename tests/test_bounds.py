@@ -11,12 +11,14 @@ from factories import random_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.published import SETTINGS, published_problem
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.bounds import jackson_preemptive, lower_bound
 from optimizer.exact.devicebound import DeviceRelaxation, device_subset_bound
-from optimizer.exact.incumbents import generator_candidates
+from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.listsched import list_schedule, policies
 from optimizer.problem import Problem, uniform_problem
+from optimizer.schedules import generate
 from optimizer.simulate import simulate
 
 pytestmark = pytest.mark.solver
@@ -147,3 +149,42 @@ def test_auto_reports_the_relaxation_bound():
     schedule = solve(problem, "auto", SolveOptions(time_limit=4, threads=1), on_progress=lambda p: reasons.append(p.phase))
     assert any("exact relaxation" in r for r in reasons)
     assert schedule.metrics.lower_bound >= lower_bound(problem).value
+
+
+# -- A device's own order: both chunks of a V lie on every microbatch's round trip ------
+
+
+def small_v(p: int, m: int, limit: float) -> Problem:
+    """Zero Bubble's 14.6B chunk times on a small V (the device-order argument bites from p = 4)."""
+    setting = next(s for s in SETTINGS if s.name == "14.6B-p16-m48")
+    data = published_problem(setting, limit, "vshape").model_dump()
+    stage = data["stages"][0]
+    data.update(num_devices=p, num_microbatches=m, stages=[dict(stage, device=s if s < p else 2 * p - 1 - s) for s in range(2 * p)])
+    return Problem.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    "limit,before,optimum",
+    [
+        (2.0, 165.867, 196.579),  # makespan bound before the argument; CP-SAT's proven optimum
+        (3.0, 152.095, 165.852),
+    ],
+)
+def test_device_order_heads_raise_the_bound_and_stay_below_the_proven_optimum(limit, before, optimum):
+    problem = small_v(4, 4, limit)
+    best = solve(problem, "cpsat", SolveOptions(time_limit=60, seed=0, threads=2))
+    assert best.metrics.status == "optimal" and best.makespan == pytest.approx(optimum, abs=1e-3)  # printed to 3 decimals
+    bound = lower_bound(problem, "makespan").value
+    assert before + 1.0 < bound <= best.makespan * (1 + 1e-9)  # measured 171.426 and 156.112
+    # The span bound: at most the span of that schedule (itself at most its makespan).
+    assert lower_bound(problem, "span").value <= objective_value(best, "span") * (1 + 1e-9)
+
+
+def test_device_order_heads_raise_the_v_min_bound_at_p16():
+    # 14.6B, p = 16, m = 48 at V-Min's 6 activations: 1836.93 ms before a device's other
+    # chunk counted in the heads, 1877.10 after; v-auto's span stays above it.
+    setting = next(s for s in SETTINGS if s.name == "14.6B-p16-m48")
+    problem = published_problem(setting, float((setting.p + 4) // 3), "vshape")
+    bound = lower_bound(problem, "span").value
+    assert bound > 1870.0
+    assert bound <= objective_value(generate(problem, "v-auto"), "span")

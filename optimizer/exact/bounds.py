@@ -1,6 +1,6 @@
 """Lower bounds on the makespan, computed from the problem alone.
 
-Four ideas, each a valid bound, the best one is reported:
+Five ideas, each a valid bound, the best one is reported:
 
 * busiest device: a device cannot finish before it has done all of its work;
 * heads and tails: every op has an earliest start (the forward chain that must reach it,
@@ -22,6 +22,13 @@ Four ideas, each a valid bound, the best one is reported:
   chunk's forward of microbatch i waits for the next chunk's forward of microbatch
   i - K (optimizer.exact.reservation), whose allocation the memory argument then counts
   too; on tiny V and interleaved problems at tight limits this reaches the optimum;
+* a device's own order (`_device_order_release`, inside `heads`): an F or B waits for
+  every earlier op of its microbatch's chain and, by each class's microbatch order, for
+  those ops of the previous microbatch; the ones on its own device run there one at a
+  time. On the V placement both of a device's chunks lie on every round trip, so the
+  returns to a device are spaced by both chunks' work, which the chain alone does not
+  see: V-Min's p = 16 bounds rise 1.3 to 2.2% (14.6B m48: 1836.9 -> 1877.1 ms), the
+  grid's p = 16 V case 212.6 -> 215.0;
 * warm-up and drain (`warm_up_and_drain`): a device's span is its busy time plus the
   idle before its first backward may start plus the idle after its last microbatch's
   first op. Waiting for that microbatch's round trip can only be filled with work left
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +52,10 @@ from optimizer.problem import Problem
 # Stage-microbatch cells the span bound may spend on per-device passes (about 0.5 s):
 # every device up to p = 16, m = 64; the busiest few at p = 32, m = 256.
 SPAN_BOUND_CELLS = 40_000
+# How many earlier microbatches' ops on a device the device-order argument of `heads`
+# counts: 1 already gives all it gains on Zero Bubble's p = 16 settings and the grid's
+# p = 16 V case (windows of 2 to 4 measured: same bounds, more time).
+DEVICE_ORDER_WINDOW = 1
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,13 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
 
     # Earliest end of every B and W, kept as arrays for the memory argument's sorting.
     free_end = {kind: np.zeros((S, m)) for kind in ("B", "W")}
+    # Per device, (chain position, microbatch, head, duration) of its recent F's and B's.
+    device = t.device
+    recent: list[list[tuple[int, int, float, float]]] = [[] for _ in range(problem.num_devices)]
 
     for i in range(m):
+        for d, entries in enumerate(recent):
+            recent[d] = [e for e in entries if e[1] >= i - DEVICE_ORDER_WINDOW]
         for s in range(S):
             h = 0.0
             if s > 0:
@@ -127,20 +144,49 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
                         h = max(h, F[higher][i - k] + dur["F"][higher])
                         started.append((higher, i - k + 1))
                 h = max(h, _memory_release(t, started, i, free_end))
+            h = max(h, _device_order_release(recent[device[s]], s))
             F[s][i] = h
+            recent[device[s]].append((s, i, h, dur["F"][s]))
         for s in reversed(range(S)):
             h = F[s][i] + dur["F"][s] if s == S - 1 else B[s + 1][i] + dur["B"][s + 1] + comm[s]
             if i > 0:
                 h = max(h, B[s][i - 1] + dur["B"][s])
+            h = max(h, _device_order_release(recent[device[s]], 2 * S - 1 - s))
             B[s][i] = h
+            recent[device[s]].append((2 * S - 1 - s, i, h, dur["B"][s]))
             free_end["B"][s, i] = h + dur["B"][s]
         for s in range(S):
             h = B[s][i] + dur["B"][s]
             if i > 0:
                 h = max(h, W[s][i - 1] + dur["W"][s])
+            # Its microbatch's B (in `recent` now) and the earlier W's of its stage too.
+            earlier_w = [(W[s][j], dur["W"][s]) for j in range(max(0, i - DEVICE_ORDER_WINDOW), i)]
+            h = max(h, _device_order_release(recent[device[s]], 2 * S - 1 - s, earlier_w))
             W[s][i] = h
             free_end["W"][s, i] = h + dur["W"][s]
     return head
+
+
+def _device_order_release(entries: list[tuple[int, int, float, float]], position: int, extra: Sequence[tuple[float, float]] = ()) -> float:
+    """Earliest time a device can have run every op of `entries` (chain position,
+    microbatch, head, duration) at or before chain `position`, and `extra` (head,
+    duration): all of them precede the op being bounded on its device.
+
+    An F or B of stage s and microbatch i waits for the F's and B's before it in its
+    microbatch's chain (F of stages 0..S-1, then B of stages S-1..0) and, by each class's
+    microbatch order (optimizer.exact.canonical), for every op of those classes and of
+    its own of earlier microbatches. Those on its own device run there one at a time,
+    none before its head: they end no earlier than h plus the durations of those whose
+    head is at least h, for every h. (On the V placement a device's two chunks both lie
+    on every microbatch's round trip, which spaces its returns by both chunks' work.)
+    """
+    items = [(head, duration) for pos, _, head, duration in entries if pos <= position]
+    items.extend(extra)
+    best = acc = 0.0
+    for head, duration in sorted(items, reverse=True):
+        acc += duration
+        best = max(best, head + acc)
+    return best
 
 
 def _memory_release(t, started: list[tuple[int, int]], i: int, free_end: dict[str, np.ndarray]) -> float:
