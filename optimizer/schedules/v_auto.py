@@ -182,7 +182,10 @@ def v_auto(problem: Problem, bends: bool = True) -> Orders:
     small = 6 * p * m <= _MANY_OPS
     chosen: list[tuple[tuple[int, ...], ...]] = []
     if not zb_v_fits:
-        for bent, budget in ((False, _BLOCKS_BUILT_SMALL if small else _BLOCKS_BUILT_LARGE), (True, _BENT_BUILT_SMALL if small and bends else 0)):
+        for bent, budget in (
+            (False, _BLOCKS_BUILT_SMALL if small else _BLOCKS_BUILT_LARGE),
+            (True, _BENT_BUILT_SMALL if small and bends else 0),
+        ):
             if budget == 0:
                 continue
             fitting = [b for b in candidate_blocks(problem, bent) if _fits(problem, b.peak)]
