@@ -507,11 +507,24 @@ def wait_for(condition, seconds: float) -> bool:
     return condition()
 
 
+def _default_sigint() -> None:
+    # A test run started in the background of a non-interactive shell ignores SIGINT,
+    # and an ignored signal is inherited: the CLI would never see the Ctrl-C sent to it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str], cwd: Path, tmp: Path) -> subprocess.Popen:
     # Its own session, like a terminal's job: Ctrl-C is sent to the whole process group.
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     return subprocess.Popen(
-        CLI + args, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        CLI + args,
+        cwd=cwd,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
     )
 
 
