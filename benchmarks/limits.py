@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.published import SETTINGS, published_problem
+from benchmarks.published import Setting, published_problem, setting_named
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import objective_value
 from optimizer.io import write_json_atomic, write_text_atomic
@@ -40,8 +40,7 @@ def limits_of(p: int) -> list[int]:
     return list(range((p + 4) // 3, p + 1)) + [2 * p]
 
 
-def run_case(setting_name: str, limit: int, time_limit: float, seed: int) -> dict:
-    setting = next(s for s in SETTINGS if s.name == setting_name)
+def run_case(setting: Setting, limit: int, time_limit: float, seed: int) -> dict:
     problem = published_problem(setting, float(limit), "vshape")
     families = {name: generate(problem, name) for name in FAMILIES}
     fitting = {name: objective_value(s, "span") for name, s in families.items() if s.fits_memory()}
@@ -53,7 +52,7 @@ def run_case(setting_name: str, limit: int, time_limit: float, seed: int) -> dic
     began = time.monotonic()
     best = solve(problem, "auto", SolveOptions(time_limit=time_limit, seed=seed, threads=2, objective="span"))
     return {
-        "setting": setting_name,
+        "setting": setting.name,
         "limit": limit,
         "family": family,
         "family_span": fitting.get(family) if family else None,
@@ -98,13 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS / "limits.json")
     args = parser.parse_args(argv)
     results: list[dict] = []
-    for name in (n for n in SETTING_NAMES if args.only in n):
-        p = next(s for s in SETTINGS if s.name == name).p
-        for limit in limits_of(p):
-            r = run_case(name, limit, args.time_limit, args.seed)
+    for setting in (setting_named(n) for n in SETTING_NAMES if args.only in n):
+        for limit in limits_of(setting.p):
+            r = run_case(setting, limit, args.time_limit, args.seed)
             results.append(r)
             print(
-                f"{name} limit {limit:>2}: family {_ms(r['family_span']):>7} ({r['family']}), v-auto constant "
+                f"{setting.name} limit {limit:>2}: family {_ms(r['family_span']):>7} ({r['family']}), v-auto constant "
                 f"{_ms(r['constant_slopes_span'])}, v-auto {_ms(r['v_auto_span'])}, auto {_ms(r['auto_span'])} "
                 f"gap {r['gap']:.2%}",
                 flush=True,

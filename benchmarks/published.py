@@ -107,6 +107,14 @@ SETTINGS: list[Setting] = [
 ]
 
 
+def setting_named(name: str) -> Setting:
+    """The setting called `name` (e.g. "14.6B-p16-m48")."""
+    found = next((s for s in SETTINGS if s.name == name), None)
+    if found is None:
+        raise KeyError(f"no published setting named {name!r}")
+    return found
+
+
 def published_problem(setting: Setting, memory_limit: float | None, placement: str = "linear") -> Problem:
     """The setting as a problem on `placement` (linear or vshape), limit in units of M_B."""
     devices = placement_devices(placement, setting.p)

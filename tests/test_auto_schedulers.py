@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.published import SETTINGS, published_problem
+from benchmarks.published import SETTINGS, published_problem, setting_named
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedules import applicable, generate
@@ -34,7 +34,7 @@ def checked(problem: Problem, name: str):
 
 @pytest.mark.parametrize("name", ["1.5B-p8-m24", "6.2B-p8-m64", "14.6B-p16-m48", "28.3B-p32-m96"])
 def test_zb_auto_reproduces_published_zb_1p_and_zb_2p(name):
-    setting = next(s for s in SETTINGS if s.name == name)
+    setting = setting_named(name)
     for activations, published in ((1, setting.zb_1p), (2, setting.zb_2p)):
         problem = published_problem(setting, float(activations * setting.p))
         schedule = checked(problem, "zb-auto")
@@ -150,7 +150,7 @@ def test_wave_with_one_slope_is_the_constant_slope_and_a_bend_changes_it_after_t
 def test_v_auto_fills_a_limit_between_v_mins_and_v_halfs_with_a_bent_block():
     # 14.6B, p = 16, m = 48 at 8 activations: constant-slope blocks peak at 7 or at 9, so
     # without bends v-auto returns the block for 7 (2051.7 ms); a bent block peaks at 8.
-    setting = next(s for s in SETTINGS if s.name == "14.6B-p16-m48")
+    setting = setting_named("14.6B-p16-m48")
     problem = published_problem(setting, 8.0, "vshape")
     bent = objective_value(checked(problem, "v-auto"), "span")
     constant_only = simulate(problem, v_auto(problem, bends=False))

@@ -11,7 +11,7 @@ from factories import random_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.published import SETTINGS, published_problem
+from benchmarks.published import published_problem, setting_named
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.bounds import jackson_preemptive, lower_bound
 from optimizer.exact.devicebound import DeviceRelaxation, device_subset_bound
@@ -156,7 +156,7 @@ def test_auto_reports_the_relaxation_bound():
 
 def small_v(p: int, m: int, limit: float) -> Problem:
     """Zero Bubble's 14.6B chunk times on a small V (the device-order argument bites from p = 4)."""
-    setting = next(s for s in SETTINGS if s.name == "14.6B-p16-m48")
+    setting = setting_named("14.6B-p16-m48")
     data = published_problem(setting, limit, "vshape").model_dump()
     stage = data["stages"][0]
     data.update(num_devices=p, num_microbatches=m, stages=[dict(stage, device=s if s < p else 2 * p - 1 - s) for s in range(2 * p)])
@@ -183,7 +183,7 @@ def test_device_order_heads_raise_the_bound_and_stay_below_the_proven_optimum(li
 def test_device_order_heads_raise_the_v_min_bound_at_p16():
     # 14.6B, p = 16, m = 48 at V-Min's 6 activations: 1836.93 ms before a device's other
     # chunk counted in the heads, 1877.10 after; v-auto's span stays above it.
-    setting = next(s for s in SETTINGS if s.name == "14.6B-p16-m48")
+    setting = setting_named("14.6B-p16-m48")
     problem = published_problem(setting, float((setting.p + 4) // 3), "vshape")
     bound = lower_bound(problem, "span").value
     assert bound > 1870.0

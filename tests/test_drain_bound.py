@@ -11,7 +11,7 @@ from factories import other_schedules, problem_cases, random_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.published import SETTINGS, published_problem
+from benchmarks.published import SETTINGS, published_problem, setting_named
 from optimizer.exact.bounds import device_tails, heads, lower_bound, most_pending_work, warm_up_and_drain
 from optimizer.exact.incumbents import objective_value
 from optimizer.problem import Problem
@@ -83,7 +83,7 @@ def test_proves_zb_h1_optimal_at_one_f_one_b_memory(name):
     # (p-1)(B + 2c) before its first backward, and after its last forward the
     # round trip (p-1)(F + B) + 2(p-1)c can only be filled with the p-1 backwards (and
     # their W's) that memory lets it leave: exactly ZB-H1's idle, for both objectives.
-    setting = next(s for s in SETTINGS if s.name == name)
+    setting = setting_named(name)
     problem = published_problem(setting, float(setting.p))
     zb_h1 = simulate(problem, GENERATORS["zb-h1"].build(problem))
     assert zb_h1.fits_memory()

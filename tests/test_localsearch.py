@@ -9,7 +9,7 @@ import time
 import pytest
 from factories import PLACEMENTS, random_problem
 
-from benchmarks.published import SETTINGS, published_problem
+from benchmarks.published import published_problem, setting_named
 from optimizer.exact.canonical import canonical
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.localsearch import local_search, move_fits, op_table, retime
@@ -91,7 +91,7 @@ def test_same_seed_and_moves_give_the_same_order(rng):
 
 
 def test_stops_at_its_deadline():
-    setting = next(s for s in SETTINGS if s.name == "1.5B-p8-m24")
+    setting = setting_named("1.5B-p8-m24")
     problem = published_problem(setting, float((setting.p + 4) // 3), "vshape")
     start = canonical(v_auto(problem), problem)
     began = time.monotonic()
@@ -101,7 +101,7 @@ def test_stops_at_its_deadline():
 
 @pytest.mark.parametrize("level", ["vmin", "vhalf"])
 def test_beats_v_auto_on_a_memory_tight_v_case(level):
-    setting = next(s for s in SETTINGS if s.name == "1.5B-p8-m24")
+    setting = setting_named("1.5B-p8-m24")
     limit = {"vmin": (setting.p + 4) // 3, "vhalf": (setting.p + 2) // 2}[level]
     problem = published_problem(setting, float(limit), "vshape")
     start = simulate(problem, canonical(v_auto(problem), problem))

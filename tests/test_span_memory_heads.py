@@ -10,7 +10,7 @@ from exact_brute_force import brute_force_optimum, count_orders
 from factories import other_schedules, problem_cases, random_problem
 from hypothesis import given, settings
 
-from benchmarks.published import SETTINGS, published_problem
+from benchmarks.published import published_problem, setting_named
 from optimizer.exact.bounds import device_tails, heads, jackson_preemptive, lower_bound
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.listsched import list_schedule, policies
@@ -90,7 +90,7 @@ def test_the_room_for_the_next_chunk_is_a_lag_in_microbatches():
     # V-Min's memory on 1.5B, p = 8: a limit of 4 activations, 0.5 per chunk. Device 0
     # holds the first chunk of at most 7 microbatches ahead of the second chunk:
     # F(0, i) waits for F(15, i - 7); so does every device (stage d and 15 - d).
-    setting = next(s for s in SETTINGS if s.name == "1.5B-p8-m24")
+    setting = setting_named("1.5B-p8-m24")
     problem = published_problem(setting, 4.0, "vshape")
     assert lags(problem)[0] == [(15, 7)]
     assert lags(problem)[3] == [(12, 7)]
@@ -129,7 +129,7 @@ def test_never_above_any_valid_schedule_under_tight_limits(case):
     ],
 )
 def test_raises_the_memory_tight_v_bounds(name, limit, old, raised, best_known):
-    setting = next(s for s in SETTINGS if s.name == name)
+    setting = setting_named(name)
     problem = published_problem(setting, limit, "vshape")
     bound = lower_bound(problem, "span")
     assert bound.value > raised > old
