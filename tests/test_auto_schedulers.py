@@ -88,6 +88,14 @@ def test_v_auto_is_valid_and_within_any_limit_where_a_schedule_exists(problem):
     checked(problem, "v-auto")
 
 
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(limited("vshape"))
+def test_v_greedy_is_valid_and_within_any_limit(problem):
+    # Its rounds place a forward only where it fits and force W's first: even far below
+    # ZB-V's memory (where it is slow) it completes within the limit.
+    checked(problem, "v-greedy")
+
+
 # -- v-auto is never worse than the fixed V families that fit ---------------------------
 
 
@@ -109,11 +117,11 @@ def v_problem(p: int, profile: str, limit: float) -> Problem:
 @pytest.mark.parametrize("profile", ["uniform", "hetero"])
 @pytest.mark.parametrize("p", [4, 6, 8])
 @pytest.mark.parametrize("level", ["v-min", "v-half", "p", "2p"])
-def test_v_auto_no_worse_than_v_min_v_half_zb_v_at_each_level(p, profile, level):
+def test_v_auto_no_worse_than_v_min_v_half_zb_v_v_greedy_at_each_level(p, profile, level):
     limit = {"v-min": (p + 4) // 3, "v-half": (p + 2) // 2, "p": p, "2p": 2 * p}[level]
     problem = v_problem(p, profile, float(limit))
     ours = objective_value(checked(problem, "v-auto"), "span")
-    rivals = {name: generate(problem, name) for name in ("v-min", "v-half", "zb-v")}
+    rivals = {name: generate(problem, name) for name in ("v-min", "v-half", "zb-v", "v-greedy")}
     fitting = {name: s for name, s in rivals.items() if s.fits_memory()}
     assert fitting, "each level admits at least one fixed family"  # V-Min fits at every level
     for name, schedule in fitting.items():
@@ -124,6 +132,17 @@ def test_v_auto_beats_v_min_at_its_memory_on_the_papers_timings():
     setting = SETTINGS[0]  # 1.5B, p = 8, m = 24: a generalised block fits V-Min's 4 activations
     problem = published_problem(setting, float((setting.p + 4) // 3), "vshape")
     assert checked(problem, "v-auto").metrics.bubble_ratio < checked(problem, "v-min").metrics.bubble_ratio - 0.01
+
+
+@pytest.mark.parametrize("name", ["1.5B-p8-m24", "6.2B-p8-m64", "14.6B-p16-m48"])
+def test_v_greedy_beats_zb_v_at_its_memory_on_the_papers_timings(name):
+    # Zero Bubble's automatic V scheduler is reported 0.1-0.4% shorter than ZB-V at limit p;
+    # the rounds here measure 1186.0 / 5137.9 / 1552.2 ms against ZB-V's 1189.3 / 5146.4 / 1555.5.
+    setting = setting_named(name)
+    problem = published_problem(setting, float(setting.p), "vshape")
+    ours = objective_value(checked(problem, "v-greedy"), "span")
+    assert ours < objective_value(checked(problem, "zb-v"), "span") * (1 - 0.0015)
+    assert objective_value(checked(problem, "v-auto"), "span") <= ours * (1 + SAME)
 
 
 # -- Both are starting points of the solver ---------------------------------------------

@@ -208,6 +208,7 @@ PLACEMENT_OF = {
     "v-half": "vshape",
     "v-min": "vshape",
     "v-auto": "vshape",
+    "v-greedy": "vshape",
     "dualpipe-v": "vshape",
     "greedy": "interleaved:3",
     "terapipe": "vshape",
