@@ -18,6 +18,7 @@ from optimizer.exact.incumbents import Candidate, closest
 from optimizer.exact.options import ProgressCallback, SolveOptions
 from optimizer.exact.portfolio import solve_auto, starting_points, whole_model
 from optimizer.exact.slicebounds import lower_bound
+from optimizer.exact.spantiming import final_timing_seconds
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
 from optimizer.exact.tracker import Tracker
@@ -57,7 +58,10 @@ def solve(
     if method == "milp":
         _milp().make_solver(options.solver, options.time_limit, options.threads)  # an unknown name fails now, not later
     check_memory_feasible(problem)
-    tracker = Tracker(options.objective, options.time_limit, on_progress)
+    # The final order's timing for the span is kept out of the phases' time (at most half
+    # of it: a short limit still gets its starting points).
+    reserve = min(0.5 * options.time_limit, final_timing_seconds(problem, options.objective))
+    tracker = Tracker(options.objective, options.time_limit, on_progress, finish_reserve=reserve)
     bound = lower_bound(problem, options.objective)
     tracker.raise_bound(bound.value, bound.reason)
     starts: list[Candidate] = []

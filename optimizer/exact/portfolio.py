@@ -62,6 +62,10 @@ GENERATOR_SHARE = 0.4
 # on the V placement on 2 loaded cores, more than 40% of a 5 s limit).
 AUTOMATIC_SCHEDULERS = ("zb-auto", "v-auto")
 AUTOMATIC_SHARE = 0.9
+# A list schedule costs about a simulation and a memory check: 1.2 s at p = 32, m = 256
+# on the V placement (49k ops) on 2 cores. Once a fitting schedule is known, a policy
+# does not start with less time left than this estimate.
+LIST_SECONDS_PER_OP = 2.5e-5
 
 
 def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
@@ -110,7 +114,8 @@ def _list_policies(problem: Problem, tracker: Tracker, grid: list[Policy], share
     for policy in grid:
         # Once a fitting schedule is known and the share of the time is spent, a list
         # schedule (as slow as a simulation) would overrun a short limit.
-        if tracker.best is not None and (tracker.left() <= 0 or tracker.elapsed() >= share * tracker.time_limit):
+        too_late = tracker.left() < LIST_SECONDS_PER_OP * problem.num_ops or tracker.elapsed() >= share * tracker.time_limit
+        if tracker.best is not None and too_late:
             break
         c = candidate(problem, str(policy), list_schedule(problem, policy))
         found.append(c)

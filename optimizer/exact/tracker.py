@@ -31,10 +31,13 @@ class Tracker:
     bound_reason: str = ""
     proven: bool = False  # a model proved the incumbent optimal
     models_ran: bool = False  # an exact model (whole or window) took part
+    # Seconds kept at the end for turning the best order into the result (`result`): the
+    # phases end this much before the time limit.
+    finish_reserve: float = 0.0
 
     @property
     def deadline(self) -> float:
-        return self.began + self.time_limit
+        return self.began + self.time_limit - self.finish_reserve
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
