@@ -30,7 +30,7 @@ Every candidate is simulated with the real times; the shortest longest-device sp
 those within the limit wins (the Zero Bubble objective). V-Min's, V-Half's and ZB-V's
 blocks are always among the candidates when they fit, so the result is never worse than
 theirs, nor than v-greedy's where ZB-V fits or the problem is small (below ZB-V's memory
-v-greedy's rounds cannot fill the V and are far behind the blocks: 1,794 ms against 1,737
+v-greedy's rounds cannot fill the V and are far behind the blocks: 1,967.7 ms against 1,737.0
 at p = 16, m = 48, limit 14).
 """
 
