@@ -17,6 +17,8 @@ retimes the resulting order with the real op times.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from optimizer.ops import Op
 from optimizer.schedules.registry import Orders
 
@@ -25,23 +27,43 @@ F0, F1, B1, B0, W, W1, W0 = range(7)
 _FORWARDS = (F0, F1)
 _BACKWARDS = (B1, B0)
 _PERIOD = 6
+_REL_TOLERANCE = 1e-9
 
 
-def _memory_delta(kind: int) -> int:
-    """Chunk activations: F allocates one, W frees one, B leaves it (the W still needs it)."""
-    return 1 if kind in _FORWARDS else -1 if kind in (W, W1, W0) else 0
+# Chunk activations, the paper's memory count: F allocates one, W frees one, B leaves it
+# (the W still needs it). Indexed by op type.
+CHUNK_DELTAS: tuple[float, ...] = (1, 1, 0, 0, -1, -1, -1)
+
+
+def device_deltas(tables, p: int, r: int) -> tuple[float, ...]:
+    """Device r's real memory changes by op type (F0, F1, B1, B0, W, W1, W0) on the V
+    placement. W (a W of either chunk, before they are told apart) frees the lesser of
+    the two, so the walk never shows less memory than the real order holds."""
+    low, high = r, 2 * p - 1 - r
+    w1, w0 = tables.mem_backward_weight[high], tables.mem_backward_weight[low]
+    return (
+        tables.mem_forward[low],
+        tables.mem_forward[high],
+        tables.mem_backward_input[high],
+        tables.mem_backward_input[low],
+        max(w1, w0),
+        w1,
+        w0,
+    )
 
 
 class _Timeline:
     """One device's slots: at most one op per slot, plus a cached memory walk.
 
     With `implicit_w`, W's are not placed: each free slot runs one pending W, which is
-    how the paper measures memory before the W's are decided.
+    how the paper measures memory before the W's are decided. `deltas`: the memory
+    change of each op type (CHUNK_DELTAS, or a device's real ones).
     """
 
-    def __init__(self, times: dict[int, list[int]], implicit_w: bool):
+    def __init__(self, times: dict[int, list[int]], implicit_w: bool, deltas: tuple[float, ...] = CHUNK_DELTAS):
         self.times = times
         self.implicit_w = implicit_w
+        self.deltas = deltas
         end = max(t for ts in times.values() for t in ts) + 1
         self.cells: list[int | None] = [None] * end
         for kind, ts in times.items():
@@ -51,17 +73,17 @@ class _Timeline:
         self.states = self._walk(0, (0, 0), None)
         self.peak = max((s[0] for s in self.states), default=0)
 
-    def _step(self, kind: int | None, state: tuple[int, int]) -> tuple[int, int]:
+    def _step(self, kind: int | None, state: tuple[float, int]) -> tuple[float, int]:
         usage, pending = state
         if kind is None:
             if self.implicit_w and pending:
-                return usage - 1, pending - 1
+                return usage + self.deltas[W], pending - 1
             return state
         if self.implicit_w and kind in _BACKWARDS:
             pending += 1
-        return usage + _memory_delta(kind), pending
+        return usage + self.deltas[kind], pending
 
-    def _walk(self, start: int, state: tuple[int, int], cells: list | None) -> list[tuple[int, int]]:
+    def _walk(self, start: int, state: tuple[float, int], cells: list | None) -> list[tuple[float, int]]:
         cells = self.cells if cells is None else cells
         out = []
         for t in range(start, len(cells)):
@@ -69,8 +91,9 @@ class _Timeline:
             out.append(state)
         return out
 
-    def fits(self, kind: int, old: int, new: int, cap: int) -> bool:
+    def fits(self, kind: int, old: int, new: int, cap: float) -> bool:
         """Would moving the op of `kind` from slot `old` to free slot `new` keep the peak <= cap?"""
+        cap += _REL_TOLERANCE * max(1.0, abs(cap))  # real deltas are float sums
         state = self.states[new - 1] if new > 0 else (0, 0)
         for t in range(new, len(self.cells)):
             cell = kind if t == new else None if t == old else self.cells[t]
@@ -137,10 +160,21 @@ def _deps(all_times: list[dict[int, list[int]]], r: int, kind: int, mb: int) -> 
     return after
 
 
-def _squeeze(all_times: list[dict[int, list[int]]], with_w: bool) -> list[dict[int, list[int]]]:
-    lines = [_Timeline({k: list(v) for k, v in t.items()}, implicit_w=not with_w) for t in all_times]
+def _squeeze(
+    all_times: list[dict[int, list[int]]],
+    with_w: bool,
+    caps: Sequence[float] | None,
+    deltas: Sequence[tuple[float, ...]] | None,
+) -> list[dict[int, list[int]]]:
+    """Move ops to earlier free slots (see the module doc) while each device's walk stays
+    within its cap: `caps` per device, or the block's own peak (the largest over devices)."""
+    lines = [
+        _Timeline({k: list(v) for k, v in t.items()}, implicit_w=not with_w, deltas=CHUNK_DELTAS if deltas is None else deltas[r])
+        for r, t in enumerate(all_times)
+    ]
     times = [line.times for line in lines]
-    cap = max(line.peak for line in lines)
+    own = max(line.peak for line in lines)
+    cap = [own] * len(lines) if caps is None else [max(c, line.peak) for c, line in zip(caps, lines)]
     m = len(times[0][F0])
     queue = sorted((t, r, kind, mb) for r, ts in enumerate(times) for kind, lst in ts.items() for mb, t in enumerate(lst))
     # The steady state, from device 0's first B of chunk 0 to the first last-microbatch
@@ -157,19 +191,32 @@ def _squeeze(all_times: list[dict[int, list[int]]], with_w: bool) -> list[dict[i
             continue
         line = lines[r]
         for new in range(_deps(times, r, kind, mb) + 1, slot):
-            if line.cells[new] is None and line.fits(kind, slot, new, cap):
+            if line.cells[new] is None and line.fits(kind, slot, new, cap[r]):
                 line.move(kind, mb, new)
                 break
     return times
 
 
-def building_block_orders(offsets: list[list[int]], m: int) -> Orders:
-    """Per-device orders from block offsets [F0, F1, B1, B0] per device, for m microbatches."""
+def building_block_orders(
+    offsets: list[list[int]],
+    m: int,
+    caps: Sequence[float] | None = None,
+    deltas: Sequence[tuple[float, ...]] | None = None,
+) -> Orders:
+    """Per-device orders from block offsets [F0, F1, B1, B0] per device, for m microbatches.
+
+    The squeeze keeps every device within the block's own peak (the paper's rule), or
+    within `caps` per device: a memory limit above the block's peak lets the warm-up and
+    cool-down run denser than the block. Memory is counted in chunk activations, or
+    with `deltas` per device (`device_deltas`: the problem's own changes, B's frees
+    included). Either way the order is a valid order; whether it fits a limit is for the
+    simulator to say (the W's are placed anew after the squeeze).
+    """
     p = len(offsets)
     times = [{kind: [o + _PERIOD * j for j in range(m)] for kind, o in zip((F0, F1, B1, B0), row)} for row in offsets]
-    times = _squeeze([_put_w(t, split=False) for t in times], with_w=True)
+    times = _squeeze([_put_w(t, split=False) for t in times], True, caps, deltas)
     times = [{k: v for k, v in t.items() if k != W} for t in times]
-    times = _squeeze(times, with_w=False)
+    times = _squeeze(times, False, caps, deltas)
     orders: Orders = []
     for r, t in enumerate(_put_w_all(times)):
         stage = {F0: r, F1: 2 * p - 1 - r, B1: 2 * p - 1 - r, B0: r, W1: 2 * p - 1 - r, W0: r}
