@@ -147,15 +147,20 @@ def test_v_greedy_beats_zb_v_at_its_memory_on_the_papers_timings(name):
     assert objective_value(checked(problem, "v-auto"), "span") <= ours * (1 + SAME)
 
 
+def v_auto_with_and_without(limit: float, **without) -> tuple[float, float]:
+    """Spans of v-auto on 14.6B p16 m48 (V) at `limit`, as shipped and with `without` off."""
+    problem = published_problem(setting_named("14.6B-p16-m48"), limit, "vshape")
+    shipped = objective_value(checked(problem, "v-auto"), "span")
+    reduced = simulate(problem, v_auto(problem, **without))
+    assert validate(problem, reduced.devices) == []
+    return shipped, objective_value(reduced, "span")
+
+
 def test_v_auto_squeezes_blocks_up_to_a_limit_above_their_peak():
-    # 14.6B, p = 16, m = 48 at 15 activations: ZB-V needs 16, and every block peaks at 12
-    # or less; squeezed up to 15 their warm-up and cool-down run denser.
-    setting = setting_named("14.6B-p16-m48")
-    problem = published_problem(setting, 15.0, "vshape")
-    denser = objective_value(checked(problem, "v-auto"), "span")
-    as_built = simulate(problem, v_auto(problem, denser=False))
-    assert validate(problem, as_built.devices) == []
-    assert denser < objective_value(as_built, "span") * (1 - 0.03)  # measured: 1644.6 against 1737.0 ms (-5.3%)
+    # At 15 activations ZB-V needs 16, and every block peaks at 12 or less; squeezed up
+    # to 15 their warm-up and cool-down run denser.
+    denser, as_built = v_auto_with_and_without(15.0, denser=False)
+    assert denser < as_built * (1 - 0.03)  # measured: 1644.6 against 1737.0 ms (-5.3%)
 
 
 def test_block_squeezed_within_its_own_peak_by_default_and_denser_up_to_caps():
@@ -196,10 +201,5 @@ def test_wave_with_one_slope_is_the_constant_slope_and_a_bend_changes_it_after_t
 def test_v_auto_fills_a_limit_between_v_mins_and_v_halfs_with_a_bent_block():
     # 14.6B, p = 16, m = 48 at 8 activations: constant-slope blocks peak at 7 or at 9, so
     # without bends v-auto returns the block for 7 (2051.7 ms); a bent block peaks at 8.
-    setting = setting_named("14.6B-p16-m48")
-    problem = published_problem(setting, 8.0, "vshape")
-    bent = objective_value(checked(problem, "v-auto"), "span")
-    constant_only = simulate(problem, v_auto(problem, bends=False))
-    assert validate(problem, constant_only.devices) == []
-    constant = objective_value(constant_only, "span")
+    bent, constant = v_auto_with_and_without(8.0, bends=False)
     assert bent < constant * (1 - 0.01)  # measured: 2010.6 against 2051.7 ms (-2.0%)
