@@ -52,8 +52,9 @@ from optimizer.schedules.support import vshape_only
 _REL_TOLERANCE = 1e-9
 # Room kept on device d during the warm-up, in chunk-0 activations: 2 + 2d (the chunk-1
 # forwards that will come back before its first backward). Other slopes measured on the
-# paper's settings at limit p: (2, 1), (3, 2), (4, 2) and (2, 3) are never shorter (equal
-# at best at p = 8, up to 18% longer at p = 32); (1, 1), (0, 2) and (1, 2) get stuck there.
+# paper's settings at limit p: (2, 1), (3, 2), (4, 2) and (2, 3) are never shorter (at
+# best equal at p = 8; 0.2% to more than 2x longer at p = 16 and 32), and (1, 1), (0, 2)
+# and (1, 2) find no order within the limit at p = 16 and 32.
 _RESERVE = (2, 2)
 # Passes with per-device idle allowances (the second already finds what further passes
 # would: the allowance stops changing). The second pass shortened 3 of 300 random V
