@@ -138,8 +138,12 @@ def affordable(problem: Problem) -> bool:
     the V placement, too slow for every starting point of a short solve; larger problems
     time only the final schedule this way.
     """
-    ops = 3 * problem.num_stages * problem.num_microbatches * problem.num_slices
-    return ops * problem.num_devices <= AFFORDABLE_STEPS
+    return _timing_steps(problem) <= AFFORDABLE_STEPS
+
+
+def _timing_steps(problem: Problem) -> int:
+    """Ops x devices: the vector steps of timing one order for the span."""
+    return 3 * problem.num_stages * problem.num_microbatches * problem.num_slices * problem.num_devices
 
 
 # Ops x devices of the largest problem whose candidates are all timed for the span
@@ -155,8 +159,7 @@ def final_timing_seconds(problem: Problem, objective: str) -> float:
     the span (`affordable`), so that a solve can keep that time for it; else 0."""
     if objective != "span" or affordable(problem):
         return 0.0
-    ops = 3 * problem.num_stages * problem.num_microbatches * problem.num_slices
-    return SECONDS_PER_STEP * ops * problem.num_devices
+    return SECONDS_PER_STEP * _timing_steps(problem)
 
 
 def retimed_for(schedule: Schedule, objective: str) -> Schedule:

@@ -132,11 +132,17 @@ def slot_model_peak(problem: Problem, offsets: list[list[int]], m: int) -> list[
     return peaks
 
 
+def _peak_microbatches(p: int, m: int) -> int:
+    """Microbatches enough for the slot model to reach a block's peak: it is reached once
+    the lifespans overlap fully."""
+    return min(m, 2 * p + 2)
+
+
 def candidate_blocks(problem: Problem, bent: bool = False) -> list[Block]:
     """Collision-free blocks of the family, with V-Min's and V-Half's own offsets; with
     `bent`, the bent blocks that are not already among those."""
     p, m = problem.num_devices, problem.num_microbatches
-    m_est = min(m, 2 * p + 2)  # the peak is reached once lifespans overlap fully
+    m_est = _peak_microbatches(p, m)
     turns = list(product(range(_PERIOD), (1, 2, 3), (1, 2, 3)))
     constant = [v_min_offsets(p), v_half_offsets(p)]
     constant += [block_offsets(wave(p, a), wave(p, b), *t) for a, b in product(_SLOPES, _SLOPES) for t in turns]
@@ -229,10 +235,11 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True) -> Orders:
     # blocks and V-Half's gain there (the bent ones did not on the paper's settings); a
     # block without room for one more activation on some device would squeeze as before.
     if denser and small and not zb_v_fits and all(math.isfinite(x) for x in problem.tables().limit):
-        v_half = Block(known[1], tuple(slot_model_peak(problem, v_half_offsets(p), min(m, 2 * p + 2))))
+        v_half = Block(known[1], tuple(slot_model_peak(problem, v_half_offsets(p), _peak_microbatches(p, m))))
+        squeezes = _denser_squeezes(problem)
         for block in [b for b in chosen if not b.bent] + [v_half]:
             if _has_room(problem, block.peak):
-                for caps, deltas in _denser_squeezes(problem):
+                for caps, deltas in squeezes:
                     consider(building_block_orders([list(r) for r in block.offsets], m, caps, deltas))
     # The ZB-V-style rounds fill the V only where ZB-V's memory fits (there they are
     # 0.05-0.4% shorter than ZB-V); below it they are far behind the blocks, and they
