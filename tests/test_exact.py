@@ -13,7 +13,7 @@ from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
-from optimizer.exact.incumbents import generator_candidates
+from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.milp import solve_milp_subproblem
 from optimizer.exact.options import Progress
 from optimizer.exact.subproblem import full_subproblem
@@ -304,3 +304,31 @@ def test_whole_model_methods_refuse_sizes_past_their_limit(method):
         solve(zb_problem(4, m), method, SolveOptions(time_limit=1))
     schedule = solve(zb_problem(4, limit // 12), method, SolveOptions(time_limit=1))
     assert_valid(schedule)
+
+
+@pytest.mark.parametrize("tiny", [1e-12, 1e-300])
+def test_an_op_far_below_the_others_rounds_down_within_the_horizon(tiny):
+    # A W of 1e-12 would need a grid of 10**15 ticks: the grid stops at the horizon cap
+    # and the W rounds down to no ticks. 1e-300 is an integer number of units to every
+    # tolerance (the exact grid, one tick per unit): it rounds down to 0 too, never up to
+    # a whole tick (rounding up would let the models claim a bound above the optimum).
+    problem = uniform_problem(4, 4, 1.0, 1.0, tiny, placement="vshape", mem_forward=1.0, memory_limit=3.0)
+    tables = integer_tables(problem)
+    horizon = sum(sum(row) for kind in ("F", "B", "W") for row in tables.slice_duration[kind]) * problem.num_microbatches
+    assert horizon <= 10**9
+    assert set(tables.duration["W"]) == {0}
+    assert min(tables.duration["F"]) >= 1
+
+
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_auto_with_zero_tick_ops_runs_the_window_search(objective):
+    # Zero-tick W's start at the same tick as the op after them, on their device or
+    # across a free transfer: the window model must order those ops by dependency, not by
+    # start time (it raised a KeyError once). p = 16, m = 3 on the V placement is larger
+    # than the whole model's size, so the window search runs.
+    problem = uniform_problem(16, 3, 0.5, 0.5, 5e-13, placement="vshape", mem_forward=0.5, mem_backward_input=0.0, memory_limit=1.37)
+    schedule = solve(problem, "auto", SolveOptions(time_limit=3, seed=0, objective=objective))
+    assert_valid(schedule)
+    bound = schedule.metrics.lower_bound
+    assert bound is not None
+    assert bound <= objective_value(schedule, objective) * (1 + CLOSE)

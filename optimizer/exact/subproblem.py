@@ -18,7 +18,8 @@ the others keep the incumbent's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from optimizer.exact.ticktiming import tick_times
@@ -241,6 +242,46 @@ def _set_hint(sub: SubProblem, tables: IntegerTables, num_stages: int, orders: S
     sub.hint_fused = fused
 
 
+def _after_ops_in_dependency_order(
+    timed: Sequence[Sequence[TimedOp]],
+    hi: list[int],
+    where: dict[Op, tuple[int, int]],
+    deps: Callable[[Op], list[Op]],
+) -> list[TimedOp]:
+    """The ops after the window (position >= hi[d] on device d), every op after its
+    predecessor on its device and after its dependencies among them.
+
+    Start times alone do not give this order: an op of zero ticks (a W of a few
+    nanoseconds) starts at the same tick as the op after it, on its device or across a
+    free transfer. Ties go to the earlier start, then the device and position.
+    """
+    waiting: dict[Op, int] = {}
+    followers: dict[Op, list[Op]] = {}
+    by_op: dict[Op, TimedOp] = {}
+    for d, seq in enumerate(timed):
+        for k in range(hi[d], len(seq)):
+            t = seq[k]
+            by_op[t.op] = t
+            preds = [dep for dep in deps(t.op) if where[dep][1] >= hi[where[dep][0]]]
+            if k > hi[d]:
+                preds.append(seq[k - 1].op)
+            waiting[t.op] = len(preds)
+            for pred in preds:
+                followers.setdefault(pred, []).append(t.op)
+    ready = [(t.start, *where[op], op) for op, t in by_op.items() if waiting[op] == 0]
+    heapq.heapify(ready)
+    order: list[TimedOp] = []
+    while ready:
+        *_, op = heapq.heappop(ready)
+        order.append(by_op[op])
+        for follower in followers.get(op, ()):
+            waiting[follower] -= 1
+            if waiting[follower] == 0:
+                heapq.heappush(ready, (by_op[follower].start, *where[follower], follower))
+    assert len(order) == len(by_op), "a timed schedule's dependencies form no cycle"
+    return order
+
+
 def window_subproblem(
     problem: Problem,
     tables: IntegerTables,
@@ -285,8 +326,9 @@ def window_subproblem(
             for dep in deps(t.op):
                 successors.setdefault(dep, []).append(t.op)
 
-    # Longest path from each after-op's start to the end, in decreasing start order.
-    after = sorted((t for d, seq in enumerate(timed) for t in seq[hi[d] :]), key=lambda t: -t.start)
+    # Longest path from each after-op's start to the end, successors first.
+    after = _after_ops_in_dependency_order(timed, hi, where, deps)
+    after.reverse()
     length: dict[Op, int] = {}
     for t in after:
         d, k = where[t.op]
@@ -300,7 +342,7 @@ def window_subproblem(
     # Earliest start of each after-op ignoring the free ops: paths that avoid the window.
     floor = max((round(t.end) for d, seq in enumerate(timed) for t in seq[: lo[d]]), default=0)
     independent: dict[Op, int] = {}
-    for t in reversed(after):
+    for t in reversed(after):  # predecessors first
         d, k = where[t.op]
         est = 0
         if k > 0 and k - 1 < lo[d]:

@@ -142,7 +142,13 @@ def integer_tables(problem: Problem) -> IntegerTables:
         scale = exact_scale
     else:
         smallest = min(v for v in times if v > 0)
-        scale = 10 ** max(0, math.ceil(math.log10(MIN_TICKS / smallest)))
+        # Fine enough for the smallest op, but never past the horizon cap: with an op a
+        # billionth of the others (a W of 1e-300) the grid would need 10**300 ticks, so
+        # such an op rounds down, to no ticks at all (still a lower bound).
+        power = math.ceil(math.log10(MIN_TICKS / smallest))
+        if total > 0:
+            power = min(power, math.floor(math.log10(MAX_HORIZON_TICKS / total)))
+        scale = 10 ** max(0, power)
     rounding = 0.0
     ticks: dict[str, tuple[tuple[int, ...], ...]] = {}
     for kind in kinds:
@@ -150,7 +156,7 @@ def integer_tables(problem: Problem) -> IntegerTables:
         for row in real[kind]:
             values = []
             for v in row:
-                tick = max(1, math.floor(v * scale + 1e-9))
+                tick = math.floor(v * scale + 1e-9)
                 rounding = max(rounding, abs(v * scale - tick) / (v * scale))
                 values.append(tick)
             rows.append(tuple(values))
