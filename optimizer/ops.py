@@ -23,6 +23,7 @@ frees it at its end.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from enum import StrEnum
 from functools import lru_cache
@@ -216,3 +217,49 @@ def _vocab_dependencies(kind: str, stage: int, mb: int, num_stages: int, vocab: 
 def _every_shard(kind: str, mb: int, num_devices: int) -> tuple[Op, ...]:
     """Every shard's pass of a microbatch: built once, asked for by every device (hot loop)."""
     return tuple(_new(Op, (kind, d, mb, 0)) for d in range(num_devices))
+
+
+def dependency_order(
+    timed: Sequence[Sequence[TimedOp]],
+    num_stages: int,
+    num_slices: int = 1,
+    vocab: VocabRule | None = None,
+    first: Sequence[int] | None = None,
+) -> list[tuple[int, int]]:
+    """Positions (device, index) of the timed ops from index first[d] on (all by default),
+    each after the op before it on its device and after its dependencies among them.
+
+    Start times alone do not give such an order: an op that takes a few nanoseconds
+    (or rounds to no ticks) starts at the same time as the op after it, on its device or,
+    over a free transfer, on another. Ties go to the earlier start, then device and index.
+    """
+    lo = list(first) if first is not None else [0] * len(timed)
+    where: dict[Op, tuple[int, int]] = {}
+    for d, ops in enumerate(timed):
+        for k in range(lo[d], len(ops)):
+            key = completion_key(ops[k])
+            if key is not None:
+                where[key] = (d, k)
+    waiting: dict[tuple[int, int], int] = {}
+    followers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for d, ops in enumerate(timed):
+        for k in range(lo[d], len(ops)):
+            preds = [where[dep] for dep in dependencies(ops[k], num_stages, num_slices, vocab) if dep in where]
+            if k > lo[d]:
+                preds.append((d, k - 1))
+            waiting[(d, k)] = len(preds)
+            for pred in preds:
+                followers.setdefault(pred, []).append((d, k))
+    ready = [(timed[d][k].start, d, k) for (d, k), n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    order: list[tuple[int, int]] = []
+    while ready:
+        _, d, k = heapq.heappop(ready)
+        order.append((d, k))
+        for follower in followers.get((d, k), ()):
+            waiting[follower] -= 1
+            if waiting[follower] == 0:
+                heapq.heappush(ready, (timed[follower[0]][follower[1]].start, *follower))
+    if len(order) != len(waiting):
+        raise ValueError("the timed ops' dependencies form a cycle")
+    return order

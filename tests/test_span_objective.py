@@ -27,7 +27,7 @@ from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.exact.tracker import Tracker
 from optimizer.formats.schedule_json import load_schedule
-from optimizer.problem import load_problem, uniform_problem
+from optimizer.problem import Problem, load_problem, uniform_problem
 from optimizer.schedules import GENERATORS
 from optimizer.simulate import simulate
 from optimizer.validate import validate
@@ -102,6 +102,29 @@ def test_span_timing_is_valid_never_longer_than_asap_and_equals_the_linear_progr
     assert longest_span(timed) <= longest_span(asap) * (1 + TOLERANCE)
     # CBC's simplex is exact to about 1e-9 absolute on spans of 1-100 units.
     assert longest_span(timed) == pytest.approx(lp_least_span(problem, orders), rel=1e-7, abs=1e-7)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_span_timing_orders_ops_by_dependency_when_ops_take_no_time(seed):
+    # Forwards and B's of 1e-300 over free transfers start at the same float time as
+    # their successors on other devices (on the V placement's way back at a lower device
+    # index), so start time then device is no dependency order; timing it as one gave
+    # schedules that broke dependencies (seeds 1, 5 and 6 of this family did).
+    rng = random.Random(seed)
+    problem = random_problem(rng, rng.choice([2, 3, 4]), rng.choice([2, 3, 4]), rng.choice(["linear", "vshape"]))
+    data = problem.model_dump()
+    data["comm_time"] = 0.0
+    for stage in data["stages"]:
+        stage["backward"] = None
+        if rng.random() < 0.6:
+            stage["forward"] = 1e-300
+        if rng.random() < 0.3:
+            stage["backward_input"] = 1e-300
+    problem = Problem.model_validate(data)
+    orders = random_feasible_order(problem, rng, fused_share=0.0)
+    timed = span_times(problem, orders)
+    assert validate(problem, timed) == []
+    assert longest_span(timed) <= longest_span(simulate(problem, orders).devices) * (1 + TOLERANCE)
 
 
 def test_span_timing_starts_a_waiting_device_later():

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration, transfer_delay
+from optimizer.ops import Op, TimedOp, completion_key, dependencies, dependency_order, op_duration, transfer_delay
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from optimizer.simulate import simulate, simulate_times
@@ -45,11 +45,9 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
     vocab = tables.vocab_rule()
 
     # --- the order's graph, ops numbered in a topological order ------------------------
-    # ASAP starts are a topological order: an op starts after its predecessors end, and
-    # every duration is positive.
-    flat = sorted((t.start, d, k) for d, ops in enumerate(asap) for k, t in enumerate(ops))
-    number = {(d, k): j for j, (_, d, k) in enumerate(flat)}
-    ops = [asap[d][k] for _, d, k in flat]
+    flat = dependency_order(asap, problem.num_stages, problem.num_slices, vocab)
+    number = {(d, k): j for j, (d, k) in enumerate(flat)}
+    ops = [asap[d][k] for d, k in flat]
     duration = np.array([op_duration(tables, t.kind, t.stage, t.slice) for t in ops])
     producer: dict[Op, int] = {}
     for j, t in enumerate(ops):
@@ -96,7 +94,7 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
     start = np.maximum(longest[:, p], np.max(longest[:, :p] + start_first[None, :], axis=1))
 
     timed: list[list[TimedOp]] = [[] for _ in range(p)]
-    for j, (_, d, _k) in enumerate(flat):
+    for j, (d, _k) in enumerate(flat):
         t = ops[j]
         s = float(start[j])
         timed[d].append(t._replace(start=s, end=s + float(duration[j])))

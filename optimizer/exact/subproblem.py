@@ -18,13 +18,12 @@ the others keep the incumbent's.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from optimizer.exact.ticktiming import tick_times
 from optimizer.exact.timescale import IntegerTables
-from optimizer.ops import SPLIT_KINDS, VOCAB_KINDS, Kind, Op, TimedOp, completion_key, dependencies
+from optimizer.ops import SPLIT_KINDS, VOCAB_KINDS, Kind, Op, TimedOp, completion_key, dependencies, dependency_order
 from optimizer.problem import Problem
 
 
@@ -242,46 +241,6 @@ def _set_hint(sub: SubProblem, tables: IntegerTables, num_stages: int, orders: S
     sub.hint_fused = fused
 
 
-def _after_ops_in_dependency_order(
-    timed: Sequence[Sequence[TimedOp]],
-    hi: list[int],
-    where: dict[Op, tuple[int, int]],
-    deps: Callable[[Op], list[Op]],
-) -> list[TimedOp]:
-    """The ops after the window (position >= hi[d] on device d), every op after its
-    predecessor on its device and after its dependencies among them.
-
-    Start times alone do not give this order: an op of zero ticks (a W of a few
-    nanoseconds) starts at the same tick as the op after it, on its device or across a
-    free transfer. Ties go to the earlier start, then the device and position.
-    """
-    waiting: dict[Op, int] = {}
-    followers: dict[Op, list[Op]] = {}
-    by_op: dict[Op, TimedOp] = {}
-    for d, seq in enumerate(timed):
-        for k in range(hi[d], len(seq)):
-            t = seq[k]
-            by_op[t.op] = t
-            preds = [dep for dep in deps(t.op) if where[dep][1] >= hi[where[dep][0]]]
-            if k > hi[d]:
-                preds.append(seq[k - 1].op)
-            waiting[t.op] = len(preds)
-            for pred in preds:
-                followers.setdefault(pred, []).append(t.op)
-    ready = [(t.start, *where[op], op) for op, t in by_op.items() if waiting[op] == 0]
-    heapq.heapify(ready)
-    order: list[TimedOp] = []
-    while ready:
-        *_, op = heapq.heappop(ready)
-        order.append(by_op[op])
-        for follower in followers.get(op, ()):
-            waiting[follower] -= 1
-            if waiting[follower] == 0:
-                heapq.heappush(ready, (by_op[follower].start, *where[follower], follower))
-    assert len(order) == len(by_op), "a timed schedule's dependencies form no cycle"
-    return order
-
-
 def window_subproblem(
     problem: Problem,
     tables: IntegerTables,
@@ -327,7 +286,7 @@ def window_subproblem(
                 successors.setdefault(dep, []).append(t.op)
 
     # Longest path from each after-op's start to the end, successors first.
-    after = _after_ops_in_dependency_order(timed, hi, where, deps)
+    after = [timed[d][k] for d, k in dependency_order(timed, S, K, tables.vocab, first=hi)]
     after.reverse()
     length: dict[Op, int] = {}
     for t in after:
