@@ -78,6 +78,8 @@ INTERRUPTED = 130
 MAX_TIME_LIMIT = 1e6
 # CP-SAT workers: beyond this a run only slows down (and a typo could start thousands of threads).
 MAX_THREADS = 256
+# The slice rules keep one cost per token (16.8M tokens: 134 MB, about a second).
+MAX_SEQUENCE_LENGTH = 2**24
 # The formats `show` draws (optimizer/formats/); `export` writes every schedule format.
 PICTURES = ("svg", "html", "chrome-trace")
 
@@ -178,7 +180,12 @@ def problem(
     slices: int = typer.Option(1, min=1, help="Token slices per microbatch (sequence), K."),
     slice_lengths: str = typer.Option("even", help="even | dp (TeraPipe's dynamic program for the slice lengths)."),
     slice_cost: str = typer.Option("linear", help="linear (cost follows tokens) | attention (24h^2 + 4h·position per token)."),
-    sequence_length: int = typer.Option(4096, min=1, help="Tokens per sequence, for the slice rules."),
+    sequence_length: int = typer.Option(
+        4096,
+        min=1,
+        max=MAX_SEQUENCE_LENGTH,
+        help="Tokens per sequence, for the slice rules (one cost per token is kept, so at most 2**24).",
+    ),
     hidden: int = typer.Option(4096, min=1, help="Hidden size h, for --slice-cost attention."),
     slice_overhead: float = typer.Option(0.0, help="Fixed time per slice, as a fraction of a whole sequence's F or B (>= 0)."),
     output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
@@ -289,7 +296,7 @@ def solve(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress line on stderr."),
     devices: int | None = typer.Option(None, "--devices", "-p", min=1, help="Layers file only: pipeline devices."),
     microbatches: int | None = typer.Option(None, "--microbatches", "-m", min=1, help="Layers file only: microbatches per iteration."),
-    placement: str = typer.Option("linear", help="Layers file only: linear | interleaved:V | vshape."),
+    placement: str | None = typer.Option(None, help="Layers file only: linear (default) | interleaved:V | vshape."),
     memory_limit: float | None = typer.Option(
         None, "--memory-limit", help="Layers file only: memory per device, the layers' parameters included; default unlimited."
     ),
@@ -334,14 +341,29 @@ def solve(
             from optimizer.exact import SolveOptions
         options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)
         schedule, interrupted = solve_layers(
-            data, str(problem_file), devices, microbatches, placement, memory_limit, method, options, as_json, quiet, barrier_choices
+            data,
+            str(problem_file),
+            devices,
+            microbatches,
+            placement or "linear",
+            memory_limit,
+            method,
+            options,
+            as_json,
+            quiet,
+            barrier_choices,
         )
         with interrupts_deferred():
             save_schedule(schedule, output)
         if interrupted:
             raise typer.Exit(INTERRUPTED)
         return
-    for name, value in (("--devices", devices), ("--microbatches", microbatches), ("--memory-limit", memory_limit)):
+    for name, value in (
+        ("--devices", devices),
+        ("--microbatches", microbatches),
+        ("--placement", placement),
+        ("--memory-limit", memory_limit),
+    ):
         if value is not None:
             raise InputError(f"{name}: only for a layers file; {problem_file} is a problem, which has its own")
     if vocab_parallel:

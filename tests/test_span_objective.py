@@ -22,6 +22,8 @@ from optimizer.exact.bounds import lower_bound
 from optimizer.exact.canonical import canonical
 from optimizer.exact.devicebound import device_subset_bound
 from optimizer.exact.incumbents import generator_candidates, objective_value
+from optimizer.exact.portfolio import bound_first, problem_bound
+from optimizer.exact.slicebounds import busy_bound
 from optimizer.exact.spantiming import affordable, final_timing_seconds, span_times, timed_for
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables, tick_problem
@@ -318,3 +320,23 @@ def test_span_relaxation_proves_zb_h1_optimal_at_one_f_one_b_memory():
     assert bound == pytest.approx(span, rel=1e-9)
     # So does the warm-up and drain bound, in a fraction of a second (tests/test_drain_bound.py).
     assert lower_bound(problem, "span").value == pytest.approx(span, rel=1e-9)
+
+
+def test_a_dear_lower_bound_waits_for_the_starting_points_and_never_overruns():
+    # p = 16, m = 64 on the V placement: the bound takes about 0.8 s, which at a 1 s
+    # limit would leave v-auto no time (auto returned 22% worse than v-auto); it then
+    # comes after the starting points, and with no time left the busiest device's work
+    # stands in for it.
+    problem = uniform_problem(16, 64, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=6.0)
+    assert not bound_first(problem, SolveOptions(time_limit=1.0))
+    assert bound_first(problem, SolveOptions(time_limit=5.0))
+    assert bound_first(uniform_problem(4, 8, 1.0, 1.0, 0.5), SolveOptions(time_limit=0.1))
+    options = SolveOptions(time_limit=1.0, objective="span")
+    late = Tracker("span", 1.0)
+    late.began -= 2.0  # the time limit is spent
+    problem_bound(problem, options, late, within_time=True)
+    assert late.bound == pytest.approx(busy_bound(problem).value)
+    early = Tracker("span", 60.0)
+    problem_bound(problem, options, early, within_time=True)
+    assert early.bound == pytest.approx(lower_bound(problem, "span").value)
+    assert early.bound > late.bound

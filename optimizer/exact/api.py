@@ -16,8 +16,7 @@ from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
 from optimizer.exact.incumbents import Candidate, closest
 from optimizer.exact.options import ProgressCallback, SolveOptions
-from optimizer.exact.portfolio import solve_auto, starting_points, whole_model
-from optimizer.exact.slicebounds import lower_bound
+from optimizer.exact.portfolio import bound_first, problem_bound, solve_auto, starting_points, whole_model
 from optimizer.exact.spantiming import final_timing_seconds
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
@@ -62,14 +61,17 @@ def solve(
     # of it: a short limit still gets its starting points).
     reserve = min(0.5 * options.time_limit, final_timing_seconds(problem, options.objective))
     tracker = Tracker(options.objective, options.time_limit, on_progress, finish_reserve=reserve)
-    bound = lower_bound(problem, options.objective)
-    tracker.raise_bound(bound.value, bound.reason)
+    early = bound_first(problem, options)
+    if early:
+        problem_bound(problem, options, tracker, within_time=False)
     starts: list[Candidate] = []
     try:
         if method == "auto":
-            solve_auto(problem, options, tracker)
+            solve_auto(problem, options, tracker, bound_later=not early)
         else:
             starts = starting_points(problem, tracker)
+            if not early:
+                problem_bound(problem, options, tracker, within_time=True)
             if not tracker.closed():
                 if method == "cpsat":
                     whole_model(problem, integer_tables(problem), options, tracker, tracker.deadline)

@@ -26,7 +26,7 @@ from optimizer.exact.listsched import Policy, list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
 from optimizer.exact.periodic import periodic_orders
-from optimizer.exact.slicebounds import split_relaxation
+from optimizer.exact.slicebounds import busy_bound, lower_bound, split_relaxation
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.exact.tracker import Tracker
@@ -62,6 +62,15 @@ GENERATOR_SHARE = 0.4
 # on the V placement on 2 loaded cores, more than 40% of a 5 s limit).
 AUTOMATIC_SCHEDULERS = ("zb-auto", "v-auto")
 AUTOMATIC_SHARE = 0.9
+# The problem's lower bound (heads and tails, memory-aware, device passes; optimizer.exact.
+# slicebounds) takes 0.1-0.4 ms per stage-microbatch cell on 2 loaded cores and stops at
+# its own cell budget: 0.9-1.7 s at p = 32, m = 256 on the V placement.
+BOUND_SECONDS_PER_CELL = 4e-4
+BOUND_SECONDS_CAP = 2.0
+# Share of the time limit the bound may take before the starting points. A dearer bound
+# waits until they have run (a 1 s limit at p = 16, m = 64 on the V placement left v-auto
+# no time after a 0.8 s bound, and `auto` returned 22% worse than v-auto).
+BOUND_FIRST_SHARE = 0.4
 # A list schedule costs about a simulation and a memory check: 1.2 s at p = 32, m = 256
 # on the V placement (49k ops) on 2 cores. Once a fitting schedule is known, a policy
 # does not start with less time left than this estimate.
@@ -230,9 +239,33 @@ def _relaxable(problem: Problem, options: SolveOptions) -> bool:
     return relaxed is not None and devicebound.applicable(relaxed, objective=options.objective)
 
 
-def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
-    """The starting points, then every phase of PHASES that applies, in order."""
+def bound_seconds(problem: Problem) -> float:
+    """About how long the problem's lower bound takes (at most)."""
+    cells = problem.num_stages * problem.num_microbatches * problem.num_slices
+    return min(BOUND_SECONDS_CAP, BOUND_SECONDS_PER_CELL * cells)
+
+
+def bound_first(problem: Problem, options: SolveOptions) -> bool:
+    """Whether the lower bound is cheap enough to come before the starting points."""
+    return bound_seconds(problem) <= BOUND_FIRST_SHARE * options.time_limit
+
+
+def problem_bound(problem: Problem, options: SolveOptions, tracker: Tracker, *, within_time: bool) -> None:
+    """Raise the tracker's bound with the problem's lower bound. With `within_time` and
+    less time left than it takes, the busiest device's work instead (instant, weaker)."""
+    if within_time and tracker.left() < bound_seconds(problem):
+        found = busy_bound(problem)
+    else:
+        found = lower_bound(problem, options.objective)
+    tracker.raise_bound(found.value, found.reason)
+
+
+def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker, *, bound_later: bool = False) -> None:
+    """The starting points, then every phase of PHASES that applies, in order (the lower
+    bound after the starting points when `bound_later`)."""
     starting_points(problem, tracker)
+    if bound_later:
+        problem_bound(problem, options, tracker, within_time=True)
     tables = integer_tables(problem)
     for phase in PHASES:
         if tracker.closed() or tracker.left() <= 0:
