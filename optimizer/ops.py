@@ -24,7 +24,7 @@ frees it at its end.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
@@ -263,3 +263,24 @@ def dependency_order(
     if len(order) != len(waiting):
         raise ValueError("the timed ops' dependencies form a cycle")
     return order
+
+
+def dependency_depths(num_stages: int, num_slices: int = 1, vocab: VocabRule | None = None) -> Callable[[Op | TimedOp], int]:
+    """The length of the longest chain of dependencies ending at an op (0: it waits for
+    nothing), as a function of the op.
+
+    Along a dependency the depth grows by one, so ops sorted by start time and then depth
+    follow every dependency even where an op takes no time (its successor starts at the
+    same tick): orders cut from such a sort cannot deadlock. Chains stay inside a
+    microbatch, so the depth depends on kind, stage and slice only.
+    """
+    known: dict[tuple[str, int, int], int] = {}
+
+    def depth(op: Op | TimedOp) -> int:
+        key = (op.kind, op.stage, op.slice)
+        if key not in known:
+            deps = dependencies(Op(op.kind, op.stage, 0, op.slice), num_stages, num_slices, vocab)
+            known[key] = 1 + max((depth(dep) for dep in deps), default=-1)
+        return known[key]
+
+    return depth

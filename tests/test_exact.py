@@ -3,6 +3,7 @@ auto never worse than the known schedules, infeasibility and time limits reporte
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -18,6 +19,7 @@ from optimizer.exact.milp import solve_milp_subproblem
 from optimizer.exact.options import Progress
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
+from optimizer.ops import Op
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedules import GENERATORS, generate
 from optimizer.simulate import simulate
@@ -332,3 +334,25 @@ def test_auto_with_zero_tick_ops_runs_the_window_search(objective):
     bound = schedule.metrics.lower_bound
     assert bound is not None
     assert bound <= objective_value(schedule, objective) * (1 + CLOSE)
+
+
+def test_orders_cut_from_model_starts_follow_dependencies_where_ops_take_no_ticks():
+    # B's of 1e-12 round to no ticks; over free transfers a microbatch's whole B chain
+    # then starts at one tick, and a V device's two B's with it. Cutting orders by start
+    # and op number put the first chunk's B (which waits for the second's) first, and the
+    # simulator reported a deadlock (`auto` exited 1 once CP-SAT's solution came back).
+    p = 4
+    problem = uniform_problem(p, 1, 1.0, 1e-12, 1.0, placement="vshape", mem_forward=0.5, memory_limit=3.0)
+    tables = integer_tables(problem)
+    assert set(tables.duration["B"]) == {0}
+    sub = full_subproblem(problem, tables)
+    # Each device: both forwards, both B's, then both W's (a valid order).
+    orders = [
+        [Op(kind, s, 0) for kind in ("F", "B", "W") for s in ((d, 2 * p - 1 - d) if kind == "F" else (2 * p - 1 - d, d))] for d in range(p)
+    ]
+    timed = simulate(problem, orders)
+    start = {t.op: math.floor(t.start * tables.time_scale) for ops in timed.devices for t in ops}
+    starts = [start[op] for op in sub.ops]
+    b_chain = {starts[sub.index[Op("B", s, 0)]] for s in range(problem.num_stages)}
+    assert len(b_chain) == 1  # the tie the order must break by dependency
+    assert_valid(simulate(problem, sub.orders_from_starts(starts)))

@@ -30,7 +30,7 @@ from ortools.sat.python import cp_model
 
 from optimizer.exact.cpsat import run_cpsat
 from optimizer.exact.timescale import IntegerTables
-from optimizer.ops import SPLIT_KINDS, Op
+from optimizer.ops import SPLIT_KINDS, Op, dependency_depths
 from optimizer.problem import Problem
 
 # Periods tried, as multiples of the busiest device's work per microbatch.
@@ -43,16 +43,16 @@ def applicable(problem: Problem) -> bool:
     return all(v <= 0 for v in t.mem_backward_input + t.mem_backward_weight)
 
 
-def solve_period(
-    problem: Problem,
-    tables: IntegerTables,
-    period: int,
-    *,
-    time_limit: float,
-    seed: int = 0,
-    threads: int = 2,
-) -> dict[tuple[str, int], int] | None:
-    """Offsets (ticks) of each (kind, stage) for one microbatch, or None if no pattern fits."""
+def _period_model(
+    problem: Problem, tables: IntegerTables, period: int, *, exact_memory: bool
+) -> tuple[
+    cp_model.CpModel, dict[tuple[str, int], cp_model.IntVar], dict[tuple[str, int], cp_model.IntVar], dict[tuple[str, int], cp_model.IntVar]
+]:
+    """The model for one period: (model, offset, phase, lap) of each (kind, stage).
+
+    Objective: the latency plus the memory-time held (lifespans); with `exact_memory`
+    the latency alone, and the steady state's memory as constraints (see `period_status`).
+    """
     # --- data -------------------------------------------------------------------------
     S = problem.num_stages
     dev = tables.device
@@ -94,10 +94,16 @@ def solve_period(
     for d in range(problem.num_devices):
         stages = [s for s in range(S) if dev[s] == d]
         model.add_no_overlap([iv for s in stages for kind in SPLIT_KINDS for iv in intervals[(kind, s)]])
-        # The exact steady-state usage (modular counting of microbatches in flight) made
-        # the search far slower in trials, so memory enters through the lifespans: by
-        # Little's law their sum over T is the device's average usage. The caller keeps a
-        # pattern only when its unrolled order fits the limit, trying longer periods.
+        if exact_memory:
+            real_limit = problem.tables().limit[d]
+            if not math.isinf(real_limit):
+                # Frees are rounded towards zero in the tables; the limit is rounded up here,
+                # so the model only relaxes the real one and its "no pattern" is a proof.
+                _steady_state_memory(model, tables, stages, phase, lap, math.ceil(real_limit * tables.memory_scale - 1e-9))
+            continue
+        # Memory through the lifespans: by Little's law their sum over T is the device's
+        # average usage. The caller keeps a pattern only when its unrolled order fits the
+        # limit, trying longer periods.
         for s in stages:
             for kind in ("B", "W"):
                 amount = -tables.memory[kind][s]
@@ -106,24 +112,103 @@ def solve_period(
 
     # --- objective --------------------------------------------------------------------
     model.minimize(latency + sum(lifespans))
+    return model, offset, phase, lap
 
-    # --- solve ------------------------------------------------------------------------
+
+def _steady_state_memory(model: cp_model.CpModel, tables: IntegerTables, stages: list[int], phase, lap, limit: int) -> None:
+    """The device's usage in the steady state, exactly, at most its limit.
+
+    A piece allocated by F(s) at offset e and freed at offset f (by B or W) is held, at a
+    time of phase x in the period, by lap(f) - lap(e) + [phase(e) <= x] - [phase(f) <= x]
+    microbatches. Usage peaks as a forward starts, so the sum over the device's pieces at
+    each forward's phase must stay within `limit` (ticks of memory); one order literal per pair of the
+    device's ops (their phases differ: one op at a time) says which comes first.
+    """
+    keys = [(kind, s) for s in stages for kind in SPLIT_KINDS]
+    first: dict[tuple[tuple[str, int], tuple[str, int]], cp_model.LinearExprT] = {}
+    for i, a in enumerate(keys):
+        for b in keys[i + 1 :]:
+            before = model.new_bool_var(f"{a[0]}{a[1]}_before_{b[0]}{b[1]}")
+            model.add(phase[a] < phase[b]).only_enforce_if(before)
+            model.add(phase[a] > phase[b]).only_enforce_if(~before)
+            first[(a, b)], first[(b, a)] = before, 1 - before
+    for at in [key for key in keys if key[0] == "F"]:
+        held = []
+        for s in stages:
+            allocated = ("F", s)
+            for kind in ("B", "W"):
+                size = -tables.memory[kind][s]
+                if size <= 0:
+                    continue
+                freed = (kind, s)
+                started = 1 if allocated == at else first[(allocated, at)]
+                held.append(size * (lap[freed] - lap[allocated] + started - first[(freed, at)]))
+        model.add(sum(held) <= limit)
+
+
+def solve_period(
+    problem: Problem,
+    tables: IntegerTables,
+    period: int,
+    *,
+    time_limit: float,
+    seed: int = 0,
+    threads: int = 2,
+) -> dict[tuple[str, int], int] | None:
+    """Offsets (ticks) of each (kind, stage) for one microbatch, or None if no pattern fits."""
+    model, offset, _, _ = _period_model(problem, tables, period, exact_memory=False)
     solver, status = run_cpsat(model, time_limit=time_limit, seed=seed, threads=threads)
-
-    # --- read the solution ------------------------------------------------------------
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return {key: solver.value(var) for key, var in offset.items()}
 
 
+def period_status(
+    problem: Problem,
+    tables: IntegerTables,
+    period: int,
+    *,
+    time_limit: float,
+    seed: int = 0,
+    threads: int = 2,
+) -> tuple[str, dict[tuple[str, int], int] | None]:
+    """Whether a 1-periodic pattern of `period` ticks fits the memory limit in its steady
+    state: ("pattern", offsets of the least latency found), ("none", None) when CP-SAT
+    proves that none does, or ("unknown", None) when the time runs out first.
+
+    Only patterns whose microbatch latency stays within the model's cap (four times a
+    microbatch's work and transfers) are searched; a longer latency only holds memory
+    longer. Memory uses the problem's integer sizes (optimizer.exact.timescale) and the limit
+    rounded up: exact on decimal inputs, otherwise a relaxation, so "none" is always a
+    proof and a pattern must still be checked on its unrolled order. The memory-free pattern of least
+    latency and memory-time hints the search (CP-SAT then finds patterns or proofs in
+    seconds where it found neither in minutes without).
+    """
+    hint = solve_period(problem, tables, period, time_limit=min(3.0, time_limit / 4), seed=seed, threads=threads)
+    model, offset, phase, lap = _period_model(problem, tables, period, exact_memory=True)
+    if hint is not None:
+        for key, value in hint.items():
+            model.add_hint(offset[key], value)
+            model.add_hint(phase[key], value % period)
+            model.add_hint(lap[key], value // period)
+    solver, status = run_cpsat(model, time_limit=time_limit, seed=seed, threads=threads)
+    if status == cp_model.INFEASIBLE:
+        return "none", None
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return "unknown", None
+    return "pattern", {key: solver.value(var) for key, var in offset.items()}
+
+
 def unroll(problem: Problem, offsets: dict[tuple[str, int], int], period: int) -> list[list[Op]]:
     """Per-device orders of the pattern repeated for every microbatch."""
-    timed: list[list[tuple[int, Op]]] = [[] for _ in range(problem.num_devices)]
+    timed: list[list[tuple[int, int, Op]]] = [[] for _ in range(problem.num_devices)]
     device = problem.tables().device
+    depth = dependency_depths(problem.num_stages)  # ties: an op of no ticks before its successor
     for (kind, s), o in offsets.items():
         for i in range(problem.num_microbatches):
-            timed[device[s]].append((o + i * period, Op(kind, s, i)))
-    return [[op for _, op in sorted(ops, key=lambda x: x[0])] for ops in timed]
+            op = Op(kind, s, i)
+            timed[device[s]].append((o + i * period, depth(op), op))
+    return [[op for *_, op in sorted(ops)] for ops in timed]
 
 
 def periodic_orders(

@@ -18,12 +18,12 @@ the others keep the incumbent's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from optimizer.exact.ticktiming import tick_times
 from optimizer.exact.timescale import IntegerTables
-from optimizer.ops import SPLIT_KINDS, VOCAB_KINDS, Kind, Op, TimedOp, completion_key, dependencies, dependency_order
+from optimizer.ops import SPLIT_KINDS, VOCAB_KINDS, Kind, Op, TimedOp, completion_key, dependencies, dependency_depths, dependency_order
 from optimizer.problem import Problem
 
 
@@ -42,6 +42,7 @@ class SubProblem:
     in_order: list[tuple[int, int]]  # (a, b) on one device: a ends before b starts (symmetry)
     initial_memory: list[int]
     limit: list[int | None]
+    depth: Callable[[Op], int]  # dependency depth (optimizer.ops.dependency_depths): orders ties
     floor: int = 0  # makespan reached regardless of the free ops
     hint: list[int] | None = None  # start of each op in the incumbent
     index: dict[Op, int] = field(default_factory=dict)
@@ -105,12 +106,12 @@ class SubProblem:
             if f:
                 merged[b] = fused_op(self.ops[b])
                 dropped.add(w)
-        per_device: list[list[tuple[int, int, Op]]] = [[] for _ in range(self.num_devices)]
+        per_device: list[list[tuple[int, int, int, Op]]] = [[] for _ in range(self.num_devices)]
         for j, op in enumerate(self.ops):
             if j not in dropped:
-                per_device[self.device[j]].append((starts[j], j, merged.get(j, op)))
-        # Ties (a zero-length op) keep the ops' numbering, which lists B before W.
-        return [[op for _, _, op in sorted(ops, key=lambda x: (x[0], x[1]))] for ops in per_device]
+                per_device[self.device[j]].append((starts[j], self.depth(op), j, merged.get(j, op)))
+        # Ties (an op of no ticks starts with its successor) go by dependency depth.
+        return [[op for *_, op in sorted(ops)] for ops in per_device]
 
 
 def fused_op(op: Op) -> Op:
@@ -206,6 +207,7 @@ def full_subproblem(
         in_order=in_order,
         initial_memory=[0] * p,
         limit=list(tables.limit),
+        depth=dependency_depths(S, K, tables.vocab),
         index=index,
         fusable=fusable,
         in_order_if_split=in_order_if_split,
@@ -407,6 +409,7 @@ def window_subproblem(
         in_order=in_order,
         initial_memory=initial,
         limit=list(tables.limit),
+        depth=dependency_depths(S, K, tables.vocab),
         floor=floor,
         hint=hint,
         index=index,
