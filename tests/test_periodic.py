@@ -36,13 +36,13 @@ def test_an_unrolled_pattern_is_a_valid_order(placement):
     problem = zb_shape(4, 12, placement, None)
     tables = integer_tables(problem)
     period = busiest_work(problem)
-    offsets = solve_period(problem, tables, period, time_limit=10)
+    offsets = solve_period(problem, tables, period, time_limit=2)
     assert offsets is not None
     schedule = simulate(problem, unroll(problem, offsets, period))
     assert validate(problem, schedule.devices) == []
 
 
-@pytest.mark.parametrize("placement,limit", [("linear", 2.0), ("linear", 3.0), ("vshape", 2.0), ("vshape", 3.0)])
+@pytest.mark.parametrize("placement,limit", [("linear", 3.0), ("vshape", 2.0)])
 def test_a_pattern_found_fits_its_limit_and_none_is_said_only_where_the_memory_free_ones_overflow(placement, limit):
     # Periods from the busiest device's work up. A pattern returned must fit once unrolled
     # (m is large enough to reach the steady state); "none" must never be said at a
@@ -51,11 +51,11 @@ def test_a_pattern_found_fits_its_limit_and_none_is_said_only_where_the_memory_f
     tables = integer_tables(problem)
     work = busiest_work(problem)
     answers = []
-    for step in (1.0, 1.25, 1.5, 2.0, 3.0):
+    for step in (1.0, 1.5, 3.0):
         period = math.ceil(work * step)
         status, offsets = period_status(problem, tables, period, time_limit=20)
         answers.append(status)
-        free = solve_period(problem, tables, period, time_limit=5)
+        free = solve_period(problem, tables, period, time_limit=2)
         free_fits = free is not None and simulate(problem, unroll(problem, free, period)).fits_memory()
         if status == "pattern":
             assert offsets is not None

@@ -1,0 +1,147 @@
+"""How far `v-auto`'s steady state is from the best periodic one, under a tight memory limit.
+
+For V cases at tight limits (Zero Bubble's 1.5B p = 8 and 14.6B p = 16 settings at
+V-Min's, V-Half's and p/2 activations, and the solver grid's p = 16, m = 64 uniform V case
+at V-Min's), this scans periods from the busiest device's work per microbatch upwards
+and asks CP-SAT whether a 1-periodic pattern (every microbatch the same ops at the same
+offsets, shifted by the period) fits the limit in its steady state, with the exact
+steady-state memory (optimizer.exact.periodic.period_status). Each period ends as
+"none" (proven: no such pattern), "pattern" (one fits; its unrolled span is shown) or
+"unknown" (the time per period ran out). The scan stops at the first pattern.
+
+Beside it: `v-auto`'s own steady state, the median time between its first device's
+forwards of the first chunk. A proof of "none" at every period
+below v-auto's says no periodic schedule runs a faster steady state at that memory; it is
+not a lower bound on the span of every schedule (an aperiodic one, or a warm-up and
+cool-down of another shape, may still be shorter).
+
+    python benchmarks/periodic.py [--seconds 20] [--only TEXT] [--output PATH]
+
+Results: benchmarks/results/periodic.json and periodic.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.published import published_problem, setting_named
+from benchmarks.solver import Case, build_problem
+from optimizer.exact.incumbents import objective_value
+from optimizer.exact.periodic import period_status, unroll
+from optimizer.exact.timescale import integer_tables
+from optimizer.io import write_json_atomic, write_text_atomic
+from optimizer.ops import SPLIT_KINDS
+from optimizer.problem import Problem
+from optimizer.schedule import Schedule
+from optimizer.schedules import generate
+from optimizer.simulate import simulate
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STEPS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3)
+
+
+def cases() -> list[tuple[str, Problem]]:
+    small, large = setting_named("1.5B-p8-m24"), setting_named("14.6B-p16-m48")
+    return [
+        ("1.5B-p8-m24 V-Min (4)", published_problem(small, 4.0, "vshape")),
+        ("14.6B-p16-m48 V-Min (6)", published_problem(large, 6.0, "vshape")),
+        ("14.6B-p16-m48 p/2 (8)", published_problem(large, 8.0, "vshape")),
+        ("14.6B-p16-m48 V-Half (9)", published_problem(large, 9.0, "vshape")),
+        ("grid p16-m64 uniform V-Min (6)", build_problem(Case(16, 64, "uniform", "vshape", "vmin"))),
+    ]
+
+
+def busiest_work(problem: Problem) -> float:
+    t = problem.tables()
+    work = [0.0] * problem.num_devices
+    for s in range(problem.num_stages):
+        work[t.device[s]] += t.forward[s] + t.backward_input[s] + t.backward_weight[s]
+    return max(work)
+
+
+def steady_period(schedule: Schedule) -> float:
+    """The median time between consecutive forwards of the first stage (on the first
+    device): the steady state's period, past the warm-up's burst and its wait."""
+    starts = [t.start for t in schedule.devices[0] if t.kind == "F" and t.stage == 0]
+    return statistics.median(b - a for a, b in zip(starts, starts[1:]))
+
+
+def run_case(name: str, problem: Problem, seconds: float) -> dict:
+    tables = integer_tables(problem)
+    work = busiest_work(problem)
+    ticks_of_work = max(
+        sum(tables.duration[k][s] for k in SPLIT_KINDS for s in range(problem.num_stages) if tables.device[s] == d)
+        for d in range(problem.num_devices)
+    )
+    ours = generate(problem, "v-auto")
+    row: dict = {
+        "case": name,
+        "limit": problem.memory_limit,
+        "work_per_microbatch": work,
+        "v_auto_span": objective_value(ours, "span"),
+        "v_auto_period": steady_period(ours),
+        "periods": [],
+    }
+    for step in STEPS:
+        period = math.ceil(ticks_of_work * step)
+        began = time.monotonic()
+        status, offsets = period_status(problem, tables, period, time_limit=seconds)
+        entry: dict = {"step": step, "period": period / tables.time_scale, "status": status, "seconds": round(time.monotonic() - began, 1)}
+        if offsets is not None:
+            unrolled = simulate(problem, unroll(problem, offsets, period))
+            entry.update(span=objective_value(unrolled, "span"), fits=unrolled.fits_memory())
+        row["periods"].append(entry)
+        print(f"  {name}: x{step} ({entry['period']:.2f}) {status} in {entry['seconds']} s", flush=True)
+        if status == "pattern":
+            break
+    return row
+
+
+def markdown(rows: list[dict], seconds: float) -> str:
+    lines = [
+        f"CP-SAT up to {seconds:g} s per period, seed 0, 2 workers, on {platform.machine()} (2 cores). "
+        "Periods in ms per microbatch (x: the busiest device's work per microbatch); none: proven "
+        "that no 1-periodic pattern fits the limit in its steady state; pattern: the first that fits, "
+        "with its unrolled span; unknown: time ran out.",
+        "",
+        "| case | work | v-auto's steady period (median gap) | v-auto span | periods scanned | first pattern (span) |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        scanned = ", ".join(f"x{p['step']:g} {p['status']}" for p in r["periods"])
+        found = next((p for p in r["periods"] if p["status"] == "pattern"), None)
+        first = f"x{found['step']:g} = {found['period']:.2f} ({found['span']:.1f})" if found else "-"
+        lines.append(
+            f"| {r['case']} | {r['work_per_microbatch']:.2f} | {r['v_auto_period']:.2f} "
+            f"(x{r['v_auto_period'] / r['work_per_microbatch']:.3f}) | {r['v_auto_span']:.1f} | {scanned} | {first} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="CP-SAT time per period")
+    parser.add_argument("--only", default=None, help="run only cases whose name contains this")
+    parser.add_argument("--output", type=Path, default=RESULTS / "periodic.json")
+    args = parser.parse_args()
+    rows = []
+    for name, problem in cases():
+        if args.only and args.only not in name:
+            continue
+        rows.append(run_case(name, problem, args.seconds))
+    text = markdown(rows, args.seconds)
+    print(text)
+    write_json_atomic(args.output, {"seconds_per_period": args.seconds, "machine": platform.machine(), "cases": rows})
+    write_text_atomic(args.output.with_suffix(".md"), text)
+
+
+if __name__ == "__main__":
+    main()
