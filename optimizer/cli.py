@@ -173,7 +173,9 @@ def problem(
     comm: float = typer.Option(0.0, help="Point-to-point transfer time between devices."),
     placement: str = typer.Option("linear", help="linear | interleaved:V | vshape."),
     mem_forward: float = typer.Option(1.0, help="Memory allocated by one forward (GiB or activations)."),
-    mem_backward_input: float = typer.Option(0.0, help="Memory change when B ends (<= 0)."),
+    mem_backward_input: float = typer.Option(
+        0.0, help="Memory change when B ends: usually <= 0 (B frees part); > 0 for a buffer B allocates and its W frees."
+    ),
     mem_backward_weight: float | None = typer.Option(None, help="Memory change when W ends; default: whatever makes the three sum to 0."),
     memory_limit: float | None = typer.Option(None, help="Per-device memory limit; default unlimited."),
     backward: float | None = typer.Option(None, help="Fused backward (BW) time of one stage; default B + W."),

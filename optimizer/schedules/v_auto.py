@@ -248,7 +248,7 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True) -> Orders:
         with contextlib.suppress(InfeasibleError):  # its rounds stuck: the other candidates stand
             consider(v_greedy(problem))
     # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
-    # the fallback that fits whenever any schedule can; at tighter limits the blocks
+    # the fallback that fits whenever any split-backward schedule can; at tighter limits the blocks
     # beat it by far, so it does not run there.
     limits = problem.tables().limit
     above_zb_v = zb_v_schedule is not None and any(
