@@ -356,3 +356,28 @@ def test_orders_cut_from_model_starts_follow_dependencies_where_ops_take_no_tick
     b_chain = {starts[sub.index[Op("B", s, 0)]] for s in range(problem.num_stages)}
     assert len(b_chain) == 1  # the tie the order must break by dependency
     assert_valid(simulate(problem, sub.orders_from_starts(starts)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_auto_survives_ops_that_take_almost_no_time(seed, objective):
+    # Forwards, B's or W's of 1e-300 to 1e-9 (rounded to no ticks), free transfers, a
+    # fused backward sometimes shorter, every placement: auto returns a valid schedule
+    # within the limit and a bound no higher than it (crashes found here: a KeyError in
+    # the window model, a deadlocked CP-SAT order, a grid of 10**300 ticks).
+    rng = random.Random(seed)
+    placement = ["linear", "vshape", "interleaved:2"][seed % 3]
+    problem = random_problem(rng, rng.choice([2, 3, 5]), rng.choice([2, 3, 4]), placement, limit=2.5, fused_saving=0.3)
+    data = problem.model_dump()
+    data["comm_time"] = rng.choice([0.0, 0.1])
+    for stage in data["stages"]:
+        kind = rng.choice(["forward", "backward_input", "backward_weight", None])
+        if kind is not None:
+            stage[kind] = rng.choice([1e-300, 1e-12, 1e-9])
+        if stage["backward"] is not None:
+            stage["backward"] = min(stage["backward"], stage["backward_input"] + stage["backward_weight"])
+    problem = Problem.model_validate(data)
+    schedule = solve(problem, "auto", SolveOptions(time_limit=1.5, seed=seed, objective=objective))
+    assert_valid(schedule)
+    bound = schedule.metrics.lower_bound
+    assert bound is not None and bound <= objective_value(schedule, objective) * (1 + CLOSE)
