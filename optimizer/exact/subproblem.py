@@ -287,11 +287,11 @@ def window_subproblem(
             for dep in deps(t.op):
                 successors.setdefault(dep, []).append(t.op)
 
-    # Longest path from each after-op's start to the end, successors first.
+    # The ops after the window, every one after its predecessors.
     after = [timed[d][k] for d, k in dependency_order(timed, S, K, tables.vocab, first=hi)]
-    after.reverse()
+    # Longest path from each after-op's start to the end, successors first.
     length: dict[Op, int] = {}
-    for t in after:
+    for t in reversed(after):
         d, k = where[t.op]
         best = 0
         if k + 1 < len(timed[d]):
@@ -303,7 +303,7 @@ def window_subproblem(
     # Earliest start of each after-op ignoring the free ops: paths that avoid the window.
     floor = max((round(t.end) for d, seq in enumerate(timed) for t in seq[: lo[d]]), default=0)
     independent: dict[Op, int] = {}
-    for t in reversed(after):  # predecessors first
+    for t in after:
         d, k = where[t.op]
         est = 0
         if k > 0 and k - 1 < lo[d]:
