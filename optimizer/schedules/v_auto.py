@@ -50,6 +50,7 @@ from itertools import product
 from optimizer.errors import DeadlockError, InfeasibleError
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
+from optimizer.schedules.block_reorder import reordered_block_orders
 from optimizer.schedules.building_block import building_block_orders, device_deltas
 from optimizer.schedules.greedy import greedy
 from optimizer.schedules.registry import Generator, Orders
@@ -167,15 +168,22 @@ def candidate_blocks(problem: Problem, bent: bool = False) -> list[Block]:
     return blocks
 
 
+def _chunk_caps(problem: Problem) -> list[float]:
+    """Per device, the limit in chunk activations: its limit over its larger forward allocation."""
+    tables, p = problem.tables(), problem.num_devices
+    caps = []
+    for r, limit in enumerate(tables.limit):
+        forward = max(tables.mem_forward[r], tables.mem_forward[2 * p - 1 - r])
+        caps.append(math.floor(limit / forward + _REL_TOLERANCE) if forward > 0 else limit)
+    return caps
+
+
 def _denser_squeezes(problem: Problem) -> list[tuple[list[float], list[tuple[float, ...]] | None]]:
-    """(caps, deltas) of the squeezes up to the limit: in chunk activations (each device's
-    limit over its larger forward allocation) and in the problem's own memory changes."""
+    """(caps, deltas) of the squeezes up to the limit: in chunk activations and in the
+    problem's own memory changes."""
     tables, p = problem.tables(), problem.num_devices
     deltas = [device_deltas(tables, p, r) for r in range(p)]
-    chunk_caps = [
-        math.floor(limit / max(d[0], d[1]) + _REL_TOLERANCE) if max(d[0], d[1]) > 0 else limit for limit, d in zip(tables.limit, deltas)
-    ]
-    return [(chunk_caps, None), (list(tables.limit), deltas)]
+    return [(_chunk_caps(problem), None), (list(tables.limit), deltas)]
 
 
 def _has_room(problem: Problem, peaks: tuple[float, ...]) -> bool:
@@ -194,10 +202,10 @@ def _span(schedule: Schedule) -> float:
     return max(ops[-1].end - ops[0].start for ops in schedule.devices if ops)
 
 
-def v_auto(problem: Problem, bends: bool = True, denser: bool = True) -> Orders:
+def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: bool = True) -> Orders:
     """The best V-shape order within the limit (see the module docstring); `bends=False`
-    leaves the bent blocks out (what the constant-slope family alone reaches), and
-    `denser=False` the squeezes up to the limit."""
+    leaves the bent blocks out (what the constant-slope family alone reaches),
+    `denser=False` the squeezes up to the limit, and `reorder=False` the reordered blocks."""
     p, m = problem.num_devices, problem.num_microbatches
     best: tuple[float, Orders] | None = None
 
@@ -230,6 +238,22 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True) -> Orders:
             chosen += [b for b in sorted(fitting, key=lambda b: -max(b.peak)) if b.offsets not in known][:budget]
     for offsets in [b.offsets for b in chosen] + known:
         consider(building_block_orders([list(r) for r in offsets], m))
+    # The same blocks with their warm-up and cool-down reordered pay between the blocks'
+    # levels (p16 m48 at 8: 2010.6 -> 1957.0 ms), reshaped up to the limit where it is above
+    # a block's own peak too (at 14: 1678.1 -> 1635.5; that cap can also lose, 7724.0 ->
+    # 7821.8 ms at p32 m256 limit 24, so both are built, on small problems). V-Half's own
+    # block never won reordered (its squeeze is better at its level); where ZB-V fits its
+    # rounds are far ahead of any block.
+    if reorder and not zb_v_fits:
+        chunk_caps = _chunk_caps(problem)
+        reorder_caps = [0]
+        if small and all(math.isfinite(c) for c in chunk_caps):
+            reorder_caps.append(int(min(chunk_caps)))
+        for offsets in [b.offsets for b in chosen] + known[:1]:
+            for cap in reorder_caps:
+                reordered = reordered_block_orders([list(r) for r in offsets], m, cap)
+                if reordered is not None:
+                    consider(reordered)
     # Memory above a block's own peak: squeezed up to the limit instead, its warm-up and
     # cool-down run denser (p16 m48 at limit 15: 1737.0 -> 1644.6 ms). The constant-slope
     # blocks and V-Half's gain there (the bent ones did not on the paper's settings); a
