@@ -37,19 +37,17 @@ def test_reordered_blocks_are_valid_orders_within_the_cap(p, m):
     built = 0
     for offsets in blocks[:12] + [v_min_offsets(p), v_half_offsets(p)]:
         for cap in (0, 2 * p):
-            orders = reordered_block_orders(offsets, m, cap)
-            if orders is None:
-                continue
-            built += 1
-            schedule = simulate(problem, orders)  # raises on a deadlock
-            assert validate(problem, schedule.devices) == []
-            assert max(chunk_peak(order) for order in orders) <= max(cap, own_peak(offsets, m))
+            for orders in reordered_block_orders(offsets, m, cap):
+                built += 1
+                schedule = simulate(problem, orders)  # raises on a deadlock
+                assert validate(problem, schedule.devices) == []
+                assert max(chunk_peak(order) for order in orders) <= max(cap, own_peak(offsets, m))
     assert built > 0  # V-Min's block at least is always buildable
 
 
 def test_a_block_whose_ops_collide_in_the_period_is_refused():
     # F0 and B1 of device 0 in the same slot modulo 6: the block cannot repeat.
-    assert reordered_block_orders([[0, 1, 6, 8]], 4) is None
+    assert reordered_block_orders([[0, 1, 6, 8]], 4) == []
 
 
 def test_reordering_is_deterministic():
@@ -76,3 +74,10 @@ def v_auto_span(limit: float, reorder: bool) -> float:
 def test_reordered_blocks_shorten_v_auto_between_the_levels(limit, measured):
     reordered, squeezed = v_auto_span(limit, True), v_auto_span(limit, False)
     assert reordered < squeezed * (1 - 0.02), measured
+
+
+def test_at_v_halfs_level_a_reordered_block_without_idle_filling_wins():
+    # Filling idle slots never loses in the slot model, but with the real op times it can:
+    # at V-Half's 9 activations the squeezed V-Half block (1773.1 ms) beats every reordered
+    # block with filling (1792.8) and loses to the best one without it (1767.3).
+    assert v_auto_span(9.0, True) < v_auto_span(9.0, False) * (1 - 0.002)

@@ -28,7 +28,8 @@ a row is microbatch k), in this order:
    in free slots or at the end;
 6. idle slots are filled: each empty slot takes the first later op of each kind on its
    device whose input is already done, unless it is a forward that would raise the
-   device's peak;
+   device's peak (both the grid before this step and after it are returned: in slots
+   filling never loses, with the real op times it sometimes does);
 7. W's are relabelled first in, first out (a W slot runs the oldest pending W of either
    chunk).
 
@@ -38,7 +39,7 @@ peak or, where the limit leaves more room, the limit in chunk activations (then 
 warm-up, cool-down and idle slots use that room: 14.6B p16 m48 at 14, 1678.1 -> 1635.5 ms). Every step
 keeps the slot model's dependencies; what does not fit its assumptions (a warm-up that
 would run into the first backward, a cool-down slot already taken) is skipped, and a grid
-that cannot be built at all gives None. The result is an order: the simulator times it
+that cannot be built at all gives no order. The result is an order: the simulator times it
 with the real op times and says whether it fits the real limit.
 
 Measured (benchmarks/limits.py, 14.6B p16 m48 on the V placement): at a limit of 8
@@ -75,11 +76,13 @@ class _Unbuildable(Exception):
     """The grid does not fit a step's assumptions (the block's shape is too far off)."""
 
 
-def reordered_block_orders(offsets: Sequence[Sequence[int]], m: int, cap: int = 0) -> Orders | None:
+def reordered_block_orders(offsets: Sequence[Sequence[int]], m: int, cap: int = 0) -> list[Orders]:
     """Per-device orders from block offsets [F0, F1, B1, B0] per device (as in
-    `building_block`), repeated, squeezed and reordered (see the module doc); None when
-    the block cannot be built this way. `cap`: the most chunk activations a device may
-    hold; below the squeezed block's own peak that peak is the cap instead."""
+    `building_block`), repeated, squeezed and reordered (see the module doc): with idle
+    slots filled, and without (with the real op times, filling can lose: 14.6B p16 m48 at
+    V-Half's 9 activations 1792.8 filled, 1767.3 not); none when the block cannot be built
+    this way. `cap`: the most chunk activations a device may hold; below the squeezed
+    block's own peak that peak is the cap instead."""
     p = len(offsets)
     repeated = max(m, 2 * p)
     try:
@@ -88,9 +91,10 @@ def reordered_block_orders(offsets: Sequence[Sequence[int]], m: int, cap: int = 
         warmed = _reshaped(grid, lambda g: _squeeze(_warm_up(g, repeated, cap)), cap)
         grid = _squeeze(_keep_first(warmed, m))
         grid = _reshaped(grid, lambda g: _squeeze(_cool_down(g, m, cap)), cap)
-        return _orders(_relabel_w(_fill_idle(grid, cap)), m)
+        unfilled = [list(row) for row in grid]
+        return [_orders(_relabel_w(_fill_idle(grid, cap)), m), _orders(_relabel_w(unfilled), m)]
     except _Unbuildable:
-        return None
+        return []
 
 
 def _reshaped(grid: Grid, step, cap: int) -> Grid:

@@ -242,8 +242,9 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
     # levels (p16 m48 at 8: 2010.6 -> 1957.0 ms), reshaped up to the limit where it is above
     # a block's own peak too (at 14: 1678.1 -> 1635.5; that cap can also lose, 7724.0 ->
     # 7821.8 ms at p32 m256 limit 24, so both are built, on small problems). V-Half's own
-    # block never won reordered (its squeeze is better at its level); where ZB-V fits its
-    # rounds are far ahead of any block.
+    # block never won reordered (at its level the chosen blocks reordered without idle
+    # filling win: p16 m48 at 9, 1773.1 -> 1767.3); where ZB-V fits its rounds are far
+    # ahead of any block.
     if reorder and not zb_v_fits:
         chunk_caps = _chunk_caps(problem)
         reorder_caps = [0]
@@ -251,8 +252,7 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
             reorder_caps.append(int(min(chunk_caps)))
         for offsets in [b.offsets for b in chosen] + known[:1]:
             for cap in reorder_caps:
-                reordered = reordered_block_orders([list(r) for r in offsets], m, cap)
-                if reordered is not None:
+                for reordered in reordered_block_orders([list(r) for r in offsets], m, cap):
                     consider(reordered)
     # Memory above a block's own peak: squeezed up to the limit instead, its warm-up and
     # cool-down run denser (p16 m48 at limit 15: 1737.0 -> 1644.6 ms). The constant-slope
