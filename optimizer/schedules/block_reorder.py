@@ -131,20 +131,26 @@ def _input(kind: int, device: int, p: int) -> tuple[int, int] | None:
 # -- 1. repeat -----------------------------------------------------------------------------
 
 
+def block_slots(row: Sequence[int]) -> dict[int, int] | None:
+    """One device's block as {kind: slot} with its two W's, each in the first slot after
+    its B that the block leaves free in the period; None when two ops share a slot of it."""
+    slot = dict(zip((F0, F1, B1, B0), row))
+    taken = {s % _PERIOD for s in row}
+    if len(taken) < 4:
+        return None
+    for b in (B1, B0):
+        slot[_W_OF[b]] = next(slot[b] + k for k in range(1, _PERIOD) if (slot[b] + k) % _PERIOD not in taken)
+        taken.add(slot[_W_OF[b]] % _PERIOD)
+    return slot
+
+
 def _repeat(offsets: Sequence[Sequence[int]], microbatches: int) -> Grid:
     width = max(max(row) for row in offsets) + _PERIOD * (microbatches + 2)
     grid = [[EMPTY] * width for _ in offsets]
     for device, row in enumerate(offsets):
-        slot = dict(zip((F0, F1, B1, B0), row))
-        taken = {s % _PERIOD for s in row}
-        if len(taken) < 4:
+        slot = block_slots(row)
+        if slot is None:
             raise _Unbuildable
-        for b in (B1, B0):  # each W in the first slot after its B that the block leaves free
-            free = next((slot[b] + k for k in range(1, _PERIOD + 1) if (slot[b] + k) % _PERIOD not in taken), None)
-            if free is None:
-                raise _Unbuildable
-            slot[_W_OF[b]] = free
-            taken.add(free % _PERIOD)
         for j in range(microbatches):
             for kind, first in slot.items():
                 grid[device][first + _PERIOD * j] = kind

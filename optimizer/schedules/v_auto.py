@@ -27,6 +27,13 @@ problem's limit, and keeps the best of:
   gives the levels between, where a limit between V-Min's and V-Half's otherwise gets
   V-Min's block (14.6B p16 m48 at a limit of 8: 2051.7 -> 2010.6 ms). They are built
   besides the constant-slope ones, not instead, on problems small enough to afford it;
+* reordered blocks: the chosen blocks, V-Min's and (on small problems) the best-fitting
+  blocks of the paper's own family (optimizer.schedules.block_family), repeated,
+  squeezed and then reordered at both ends as the paper describes
+  (optimizer.schedules.block_reorder), within their own peak and up to the limit. They
+  fill the levels between the blocks' own (14.6B p16 m48 at 8, 12, 14 activations:
+  2010.6, 1729.5, 1674.3 -> 1957.0, 1675.2, 1613.7 ms) and gain 0.1-2% at V-Min's and
+  V-Half's levels (1.5B p8 m24 at V-Min's 4: 1609.1 -> 1573.6);
 * ZB-V's handcrafted order, when it fits, and then also the ZB-V-style rounds of
   optimizer.schedules.v_greedy (0.05-0.4% shorter than ZB-V at its memory);
 * the memory-aware list scheduler (`greedy`), which uses spare memory for a deeper
@@ -44,12 +51,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
 from optimizer.errors import DeadlockError, InfeasibleError
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
+from optimizer.schedules.block_family import paper_blocks_by_peak
 from optimizer.schedules.block_reorder import reordered_block_orders
 from optimizer.schedules.building_block import building_block_orders, device_deltas
 from optimizer.schedules.greedy import greedy
@@ -73,6 +82,10 @@ _BENT_BUILT_SMALL = 6
 # Where the slopes may change, as shares of the devices.
 _BENDS = (0.25, 0.5, 0.75)
 _SLOPES = (1, 2, 3)
+# Blocks of the controllable-memory paper's own family reordered for the limit (small
+# problems): the 6 with the highest steady peak that fits found every best one on the
+# paper's p = 8 and 16 settings (12 and 24 found no shorter).
+_PAPER_BLOCKS_REORDERED = 6
 
 
 @dataclass(frozen=True)
@@ -202,6 +215,39 @@ def _span(schedule: Schedule) -> float:
     return max(ops[-1].end - ops[0].start for ops in schedule.devices if ops)
 
 
+def _reordered(
+    problem: Problem, chosen: list[tuple[tuple[int, ...], ...]], v_min: tuple[tuple[int, ...], ...], small: bool
+) -> Iterator[Orders]:
+    """Blocks with their warm-up and cool-down reordered (optimizer.schedules.block_reorder),
+    each with and without idle filling.
+
+    They pay between the blocks' levels (p16 m48 at 8: 2010.6 -> 1957.0 ms), and built up to
+    the limit where it is above a block's own peak (at 14: 1678.1 -> 1635.5; that cap can
+    also lose, 7724.0 -> 7821.8 ms at p32 m256 limit 24, so small problems get both). The
+    blocks: the chosen ones and V-Min's (V-Half's never won reordered: at its level the
+    chosen blocks reordered without idle filling do, p16 m48 at 9: 1773.1 -> 1767.3); above
+    10,000 ops the best-ranked one alone (a reordering and its two timings take about 0.7 s
+    at p = 32, m = 256, and v-auto must stay inside a 5 s solve). On small problems also the
+    paper's own family (optimizer.schedules.block_family), whose shifts meet other memory
+    levels: the blocks whose steady peak fits the limit, highest first (p16 m48 at 10, 13,
+    14: 1748.8 -> 1736.9, 1655.1 -> 1644.4, 1635.5 -> 1613.7 ms; ranking the family takes
+    0.8 s at p = 32, so not there).
+    """
+    m = problem.num_microbatches
+    chunk_caps = _chunk_caps(problem)
+    caps = [0]
+    if small and all(math.isfinite(c) for c in chunk_caps):
+        caps.append(int(min(chunk_caps)))
+    blocks = [*chosen, v_min] if small else chosen[:1] or [v_min]
+    for offsets in blocks:
+        for cap in caps:
+            yield from reordered_block_orders([list(r) for r in offsets], m, cap)
+    if len(caps) > 1:
+        fitting = [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= caps[1]]
+        for offsets in fitting[:_PAPER_BLOCKS_REORDERED]:
+            yield from reordered_block_orders([list(r) for r in offsets], m)
+
+
 def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: bool = True) -> Orders:
     """The best V-shape order within the limit (see the module docstring); `bends=False`
     leaves the bent blocks out (what the constant-slope family alone reaches),
@@ -238,22 +284,9 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
             chosen += [b for b in sorted(fitting, key=lambda b: -max(b.peak)) if b.offsets not in known][:budget]
     for offsets in [b.offsets for b in chosen] + known:
         consider(building_block_orders([list(r) for r in offsets], m))
-    # The same blocks with their warm-up and cool-down reordered pay between the blocks'
-    # levels (p16 m48 at 8: 2010.6 -> 1957.0 ms), reshaped up to the limit where it is above
-    # a block's own peak too (at 14: 1678.1 -> 1635.5; that cap can also lose, 7724.0 ->
-    # 7821.8 ms at p32 m256 limit 24, so both are built, on small problems). V-Half's own
-    # block never won reordered (at its level the chosen blocks reordered without idle
-    # filling win: p16 m48 at 9, 1773.1 -> 1767.3); where ZB-V fits its rounds are far
-    # ahead of any block.
     if reorder and not zb_v_fits:
-        chunk_caps = _chunk_caps(problem)
-        reorder_caps = [0]
-        if small and all(math.isfinite(c) for c in chunk_caps):
-            reorder_caps.append(int(min(chunk_caps)))
-        for offsets in [b.offsets for b in chosen] + known[:1]:
-            for cap in reorder_caps:
-                for reordered in reordered_block_orders([list(r) for r in offsets], m, cap):
-                    consider(reordered)
+        for orders in _reordered(problem, [b.offsets for b in chosen], known[0], small):
+            consider(orders)
     # Memory above a block's own peak: squeezed up to the limit instead, its warm-up and
     # cool-down run denser (p16 m48 at limit 15: 1737.0 -> 1644.6 ms). The constant-slope
     # blocks and V-Half's gain there (the bent ones did not on the paper's settings); a

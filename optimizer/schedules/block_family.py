@@ -1,0 +1,106 @@
+"""The controllable-memory paper's family of V building blocks (Qi et al. 2024, "Pipeline
+Parallelism with Controllable Memory", NeurIPS, section 3.1 and appendix A).
+
+A block fixes device 0's four ops (chunk-0 forward first, then chunk-1 forward, chunk-1
+backward and chunk-0 backward at any other three slots of the 6-slot period) and how the
+slots shift from one device to the next: the chunk-0 forward and chunk-1 backward, which
+flow down the V, k slots later (k = 1 to 5), the chunk-1 forward and chunk-0 backward,
+which flow back up, one slot earlier; the shift k may change once along the pipeline.
+Within the period that fixes every device's slots; the absolute slots follow the
+dependency chain (chunk-0 forwards down the devices, chunk-1 forwards back up, then the
+backwards the same way), each op in the first slot of its phase after the one before it.
+
+`v_auto`'s own family (optimizer.schedules.v_auto) shifts the two downward flows by
+different slopes and leaves the upward ones one slot a device; this family shares one
+shift for both and adds shifts of 4 and 5, so the two meet different memory levels. The
+peak a block reaches in the steady state (`steady_peak`) ranks it for a limit without
+building it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from itertools import permutations
+
+from optimizer.schedules.block_reorder import block_slots
+from optimizer.schedules.building_block import B0, B1, F0, F1, W0, W1
+
+_PERIOD = 6
+# Per-hop shift of [F0, F1, B1, B0]'s phase: downward flows k later, upward ones 1 earlier.
+_SHIFTS = tuple((k, -1, k, -1) for k in range(1, _PERIOD))
+
+Block = tuple[tuple[int, ...], ...]
+
+
+@lru_cache(maxsize=8)
+def paper_blocks(p: int) -> tuple[Block, ...]:
+    """Every block of the family on p devices as [F0, F1, B1, B0] slots per device, once each
+    (in a fixed order: the result is deterministic)."""
+    blocks: dict[Block, None] = {}
+    for rest in permutations(range(1, _PERIOD), 3):
+        first = (0, *rest)
+        for i, before in enumerate(_SHIFTS):
+            for after in _SHIFTS[: i + 1]:
+                for bend in range(1, p) if p > 1 else (1,):
+                    phases = _phases(first, before, after, bend, p)
+                    if phases is not None:
+                        blocks.setdefault(_absolute(phases), None)
+    return tuple(blocks)
+
+
+def _phases(first: Sequence[int], before: Sequence[int], after: Sequence[int], bend: int, p: int) -> list[tuple[int, ...]] | None:
+    """Each device's [F0, F1, B1, B0] phases: `before` per hop up to device `bend`, then `after`."""
+    rows = [tuple(first)]
+    for device in range(1, p):
+        shift = before if device <= bend else after
+        row = tuple((x + s) % _PERIOD for x, s in zip(rows[-1], shift))
+        if len(set(row)) < 4:
+            return None
+        rows.append(row)
+    return rows
+
+
+def _absolute(phases: Sequence[Sequence[int]]) -> Block:
+    p = len(phases)
+    slots = [[0] * 4 for _ in range(p)]
+    last = -1
+
+    def next_at(device: int, kind: int) -> None:
+        nonlocal last
+        slot = last + 1 + (phases[device][kind] - last - 1) % _PERIOD
+        slots[device][kind] = last = slot
+
+    for device in range(p):
+        next_at(device, F0)
+    for device in reversed(range(p)):
+        next_at(device, F1)
+    for device in range(p):
+        next_at(device, B1)
+    for device in reversed(range(p)):
+        next_at(device, B0)
+    return tuple(tuple(row) for row in slots)
+
+
+def steady_peak(offsets: Sequence[Sequence[int]]) -> int:
+    """The most chunk activations any device holds once the block repeats every period:
+    a chunk's activation lives from its forward to its W (W's as `block_reorder` places
+    them); the warm-up and cool-down of a repeated block hold no more."""
+    peak = 0
+    for row in offsets:
+        slot = block_slots(row)
+        if slot is None:
+            raise ValueError("two ops of a device share a slot of the period")
+        lives = ((slot[F0], slot[W0]), (slot[F1], slot[W1]))
+        base = _PERIOD * (max(slot.values()) // _PERIOD + 1)
+        for phase in range(_PERIOD):
+            t = base + phase
+            peak = max(peak, sum((t - start) // _PERIOD - (t - end) // _PERIOD for start, end in lives))
+    return peak
+
+
+@lru_cache(maxsize=8)
+def paper_blocks_by_peak(p: int) -> tuple[tuple[int, Block], ...]:
+    """The family on p devices with each block's steady peak, highest peak first (ties in
+    the family's order)."""
+    return tuple(sorted(((steady_peak(block), block) for block in paper_blocks(p)), key=lambda pair: -pair[0]))

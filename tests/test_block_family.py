@@ -1,0 +1,48 @@
+"""The controllable-memory paper's family of V building blocks
+(optimizer.schedules.block_family): its members follow the V's dependency chain, it holds
+V-Min and V-Half, and the steady peak that ranks a block is the peak of the repeated block."""
+
+from __future__ import annotations
+
+import pytest
+
+from optimizer.schedules.block_family import paper_blocks, paper_blocks_by_peak, steady_peak
+from optimizer.schedules.block_reorder import _peak, _repeat
+from optimizer.schedules.v_half import v_half_offsets
+from optimizer.schedules.v_min import v_min_offsets
+
+
+@pytest.mark.parametrize("p", [1, 2, 4, 7])
+def test_every_block_follows_the_v_chain_with_distinct_phases(p):
+    blocks = paper_blocks(p)
+    assert len(blocks) == len(set(blocks)) > 0
+    for block in blocks:
+        f0, f1, b1, b0 = zip(*block)
+        assert f0[0] == 0
+        assert all(len({slot % 6 for slot in row}) == 4 for row in block)
+        assert all(f0[i] < f0[i + 1] and b1[i] < b1[i + 1] for i in range(p - 1))  # down the V
+        assert all(f1[i] > f1[i + 1] and b0[i] > b0[i + 1] for i in range(p - 1))  # back up
+        assert f1[p - 1] > f0[p - 1] and b1[0] > f1[0] and b0[p - 1] > b1[p - 1]  # the turns
+
+
+@pytest.mark.parametrize("p", [3, 4, 6, 8, 16])
+def test_v_min_and_v_half_are_members_at_twice_their_levels_in_chunk_activations(p):
+    blocks = set(paper_blocks(p))
+    for offsets, level in ((v_min_offsets(p), (p + 4) // 3), (v_half_offsets(p), (p + 2) // 2)):
+        assert tuple(tuple(row) for row in offsets) in blocks
+        # the papers' levels count a device's two half-size chunks as one activation
+        assert steady_peak(offsets) <= 2 * level
+
+
+@pytest.mark.parametrize("p", [2, 4, 5])
+def test_steady_peak_is_the_peak_of_the_block_repeated_long_enough(p):
+    for block in paper_blocks(p):
+        # enough microbatches for every lifespan to overlap fully, and no squeeze
+        assert steady_peak(block) == _peak(_repeat(block, 4 * p + 8)), block
+
+
+def test_blocks_by_peak_come_highest_first_and_hold_the_whole_family():
+    ranked = paper_blocks_by_peak(6)
+    peaks = [peak for peak, _ in ranked]
+    assert peaks == sorted(peaks, reverse=True)
+    assert {block for _, block in ranked} == set(paper_blocks(6))
