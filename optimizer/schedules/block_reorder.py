@@ -42,10 +42,11 @@ would run into the first backward, a cool-down slot already taken) is skipped, a
 that cannot be built at all gives no order. The result is an order: the simulator times it
 with the real op times and says whether it fits the real limit.
 
-Measured (benchmarks/limits.py, 14.6B p16 m48 on the V placement): at a limit of 8
-activations the reordered blocks give 1957.0 ms where the squeezed ones give 2008.3; at 12,
-1678.1 against 1729.5. At V-Half's own level the squeezed V-Half block stays better
-(1773.1 against 1792.8), which is why `v_auto` builds both.
+Measured (benchmarks/limits.py, 14.6B p16 m48 on the V placement, `v_auto`'s blocks): at a
+limit of 8 activations the reordered blocks give 1957.0 ms where the squeezed ones give
+2010.6; at 12, 1678.1 against 1729.5. At V-Half's own level the squeezed V-Half block
+beats the reordered ones with idle filling (1773.1 against 1792.8) and loses to the best
+one without it (1767.3), which is why `v_auto` builds all three kinds.
 """
 
 from __future__ import annotations
