@@ -25,6 +25,7 @@ __all__ = [
     "ScheduleError",
     "TimedOp",
     "compute_metrics",
+    "fits_limits",
     "memory_curve",
     "op_duration",
     "peak_memory",
@@ -50,6 +51,11 @@ def peak_memory(tables: Tables, ops: Sequence[Op] | Sequence[TimedOp]) -> float:
         usage += op_memory(tables, op.kind, op.stage, op.slice)
         peak = max(peak, usage)
     return peak
+
+
+def fits_limits(peaks: Sequence[float], limits: Sequence[float]) -> bool:
+    """Whether every device's peak is within its limit (relative slack 1e-9: peaks are float sums)."""
+    return all(peak <= limit * (1 + 1e-9) for peak, limit in zip(peaks, limits))
 
 
 @dataclass
@@ -108,8 +114,7 @@ class Schedule:
         return [[op.op for op in device] for device in self.devices]
 
     def fits_memory(self) -> bool:
-        limits = self.problem.tables().limit
-        return all(peak <= limit * (1 + 1e-9) for peak, limit in zip(self.metrics.peak_memory, limits))
+        return fits_limits(self.metrics.peak_memory, self.problem.tables().limit)
 
     def to_json(self) -> dict:
         """The schedule file's JSON (optimizer/formats/schedule_json.py)."""

@@ -37,7 +37,7 @@ def test_reordered_blocks_are_valid_orders_within_the_cap(p, m):
     built = 0
     for offsets in blocks[:12] + [v_min_offsets(p), v_half_offsets(p)]:
         for cap in (0, 2 * p):
-            for orders in reordered_block_orders(offsets, m, cap):
+            for orders in reordered_block_orders(offsets, m, [cap]):
                 built += 1
                 schedule = simulate(problem, orders)  # raises on a deadlock
                 assert validate(problem, schedule.devices) == []
@@ -52,7 +52,17 @@ def test_a_block_whose_ops_collide_in_the_period_is_refused():
 
 def test_reordering_is_deterministic():
     offsets = v_min_offsets(6)
-    assert reordered_block_orders(offsets, 18, 8) == reordered_block_orders(offsets, 18, 8)
+    assert reordered_block_orders(offsets, 18, [8]) == reordered_block_orders(offsets, 18, [8])
+
+
+def test_caps_that_come_to_the_same_build_once_and_distinct_ones_each():
+    offsets, m = v_min_offsets(6), 18
+    own = own_peak(offsets, m)
+    alone = reordered_block_orders(offsets, m)
+    assert reordered_block_orders(offsets, m, [0, own - 1, own]) == alone  # all resolve to the own peak
+    both = reordered_block_orders(offsets, m, [0, own + 2])
+    assert both[: len(alone)] == alone and len(both) > len(alone)
+    assert all(orders not in both[:i] for i, orders in enumerate(both))  # each order once
 
 
 def v_auto_span(limit: float, reorder: bool) -> float:

@@ -77,25 +77,34 @@ class _Unbuildable(Exception):
     """The grid does not fit a step's assumptions (the block's shape is too far off)."""
 
 
-def reordered_block_orders(offsets: Sequence[Sequence[int]], m: int, cap: int = 0) -> list[Orders]:
+def reordered_block_orders(offsets: Sequence[Sequence[int]], m: int, caps: Sequence[int] = (0,)) -> list[Orders]:
     """Per-device orders from block offsets [F0, F1, B1, B0] per device (as in
-    `building_block`), repeated, squeezed and reordered (see the module doc): with idle
-    slots filled, and without (with the real op times, filling can lose: 14.6B p16 m48 at
-    V-Half's 9 activations 1792.8 filled, 1767.3 not); none when the block cannot be built
-    this way. `cap`: the most chunk activations a device may hold; below the squeezed
-    block's own peak that peak is the cap instead."""
+    `building_block`), repeated, squeezed and reordered (see the module doc), once per cap
+    in `caps` (the most chunk activations a device may hold; below the squeezed block's own
+    peak that peak is the cap instead, so caps that come to the same give one build): each
+    with idle slots filled and without (with the real op times, filling can lose: 14.6B
+    p16 m48 at V-Half's 9 activations 1792.8 filled, 1767.3 not). Orders that come out the
+    same are given once; none when the block cannot be built this way."""
     p = len(offsets)
     repeated = max(m, 2 * p)
     try:
-        grid = _squeeze(_repeat(offsets, repeated))
-        cap = max(cap, _peak(grid))
-        warmed = _reshaped(grid, lambda g: _squeeze(_warm_up(g, repeated, cap)), cap)
-        grid = _squeeze(_keep_first(warmed, m))
-        grid = _reshaped(grid, lambda g: _squeeze(_cool_down(g, m, cap)), cap)
-        unfilled = [list(row) for row in grid]
-        return [_orders(_relabel_w(_fill_idle(grid, cap)), m), _orders(_relabel_w(unfilled), m)]
+        squeezed = _squeeze(_repeat(offsets, repeated))
     except _Unbuildable:
         return []
+    own = _peak(squeezed)
+    built: list[Orders] = []
+    for cap in sorted({max(c, own) for c in caps}):
+        try:
+            warmed = _reshaped(squeezed, lambda g, cap=cap: _squeeze(_warm_up(g, repeated, cap)), cap)
+            grid = _squeeze(_keep_first([list(row) for row in warmed], m))  # `warmed` may be `squeezed` itself
+            grid = _reshaped(grid, lambda g, cap=cap: _squeeze(_cool_down(g, m, cap)), cap)
+            unfilled = [list(row) for row in grid]
+            for orders in (_orders(_relabel_w(_fill_idle(grid, cap)), m), _orders(_relabel_w(unfilled), m)):
+                if orders not in built:
+                    built.append(orders)
+        except _Unbuildable:
+            continue
+    return built
 
 
 def _reshaped(grid: Grid, step, cap: int) -> Grid:

@@ -57,7 +57,7 @@ from itertools import product
 
 from optimizer.errors import DeadlockError, InfeasibleError
 from optimizer.problem import Problem
-from optimizer.schedule import Schedule
+from optimizer.schedule import fits_limits, peak_memory
 from optimizer.schedules.block_family import paper_blocks_by_peak
 from optimizer.schedules.block_reorder import reordered_block_orders
 from optimizer.schedules.building_block import building_block_orders, device_deltas
@@ -68,7 +68,7 @@ from optimizer.schedules.v_greedy import v_greedy
 from optimizer.schedules.v_half import v_half_offsets
 from optimizer.schedules.v_min import v_min_offsets
 from optimizer.schedules.zb_v import zb_v
-from optimizer.simulate import simulate
+from optimizer.simulate import simulate_times
 
 _PERIOD = 6
 _REL_TOLERANCE = 1e-9
@@ -86,6 +86,9 @@ _SLOPES = (1, 2, 3)
 # problems): the 6 with the highest steady peak that fits found every best one on the
 # paper's p = 8 and 16 settings (12 and 24 found no shorter).
 _PAPER_BLOCKS_REORDERED = 6
+# Above 10,000 ops the 2 best (at p = 32, m = 96, the first 2 of 6 give 3631.2 of 3622.1 ms
+# at 16 activations; each costs about 0.4 s at m = 256, ranking the family 0.55 s once).
+_PAPER_BLOCKS_REORDERED_LARGE = 2
 
 
 @dataclass(frozen=True)
@@ -211,10 +214,6 @@ def _fits(problem: Problem, peaks: tuple[float, ...] | list[float]) -> bool:
     return all(peak <= limit + _REL_TOLERANCE * max(1.0, limit) for peak, limit in zip(peaks, limits))
 
 
-def _span(schedule: Schedule) -> float:
-    return max(ops[-1].end - ops[0].start for ops in schedule.devices if ops)
-
-
 def _reordered(
     problem: Problem, chosen: list[tuple[tuple[int, ...], ...]], v_min: tuple[tuple[int, ...], ...], small: bool
 ) -> Iterator[Orders]:
@@ -226,25 +225,23 @@ def _reordered(
     also lose, 7724.0 -> 7821.8 ms at p32 m256 limit 24, so small problems get both). The
     blocks: the chosen ones and V-Min's (V-Half's never won reordered: at its level the
     chosen blocks reordered without idle filling do, p16 m48 at 9: 1773.1 -> 1767.3); above
-    10,000 ops the best-ranked one alone (a reordering and its two timings take about 0.7 s
-    at p = 32, m = 256, and v-auto must stay inside a 5 s solve). On small problems also the
-    paper's own family (optimizer.schedules.block_family), whose shifts meet other memory
-    levels: the blocks whose steady peak fits the limit, highest first (p16 m48 at 10, 13,
-    14: 1748.8 -> 1736.9, 1655.1 -> 1644.4, 1635.5 -> 1613.7 ms; ranking the family takes
-    0.8 s at p = 32, so not there).
+    10,000 ops the best-ranked one alone (a reordering and its two timings take about 0.4 s
+    at p = 32, m = 256, and v-auto must stay inside a 5 s solve). Then the paper's own family
+    (optimizer.schedules.block_family), whose shifts meet other memory levels: the blocks
+    whose steady peak fits the limit, highest first (p16 m48 at 10, 13, 14: 1748.8 ->
+    1736.9, 1655.1 -> 1644.4, 1635.5 -> 1613.7 ms; p32 m96 at 14, 16, 28: 3851.4 -> 3767.4,
+    3631.2, 2987.7), fewer above 10,000 ops.
     """
     m = problem.num_microbatches
     chunk_caps = _chunk_caps(problem)
-    caps = [0]
-    if small and all(math.isfinite(c) for c in chunk_caps):
-        caps.append(int(min(chunk_caps)))
+    limit_cap = int(min(chunk_caps)) if all(math.isfinite(c) for c in chunk_caps) else None
+    caps = [0, limit_cap] if small and limit_cap is not None else [0]
     blocks = [*chosen, v_min] if small else chosen[:1] or [v_min]
     for offsets in blocks:
-        for cap in caps:
-            yield from reordered_block_orders([list(r) for r in offsets], m, cap)
-    if len(caps) > 1:
-        fitting = [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= caps[1]]
-        for offsets in fitting[:_PAPER_BLOCKS_REORDERED]:
+        yield from reordered_block_orders([list(r) for r in offsets], m, caps)
+    if limit_cap is not None:
+        fitting = [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= limit_cap]
+        for offsets in fitting[: _PAPER_BLOCKS_REORDERED if small else _PAPER_BLOCKS_REORDERED_LARGE]:
             yield from reordered_block_orders([list(r) for r in offsets], m)
 
 
@@ -253,20 +250,31 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
     leaves the bent blocks out (what the constant-slope family alone reaches),
     `denser=False` the squeezes up to the limit, and `reorder=False` the reordered blocks."""
     p, m = problem.num_devices, problem.num_microbatches
+    tables = problem.tables()
     best: tuple[float, Orders] | None = None
 
-    def consider(orders: Orders) -> Schedule | None:
-        nonlocal best
-        try:
-            schedule = simulate(problem, orders)
-        except DeadlockError:
-            return None
-        if schedule.fits_memory() and (best is None or _span(schedule) < best[0]):
-            best = (_span(schedule), orders)
-        return schedule
+    def peaks(orders: Orders) -> list[float]:
+        return [peak_memory(tables, ops) for ops in orders]
 
-    zb_v_schedule = consider(zb_v(problem))
-    zb_v_fits = zb_v_schedule is not None and zb_v_schedule.fits_memory()
+    def consider(orders: Orders) -> bool:
+        """Keep `orders` if it fits and is the shortest so far; False if it cannot finish.
+        Memory depends on the order alone, so what does not fit is not timed."""
+        nonlocal best
+        if not fits_limits(peaks(orders), tables.limit):
+            return True
+        try:
+            timed = simulate_times(problem, orders)
+        except DeadlockError:
+            return False
+        span = max(ops[-1].end - ops[0].start for ops in timed if ops)
+        if best is None or span < best[0]:
+            best = (span, orders)
+        return True
+
+    zb_v_orders = zb_v(problem)
+    zb_v_runs = consider(zb_v_orders)
+    zb_v_peaks = peaks(zb_v_orders)
+    zb_v_fits = zb_v_runs and fits_limits(zb_v_peaks, tables.limit)
     # V-Min's and V-Half's blocks are always built (the slot-model peak only estimates the
     # real one), so the result is never worse than theirs where they fit. Where ZB-V fits,
     # the generalised blocks (below V-Half's memory or just above) do not come near it.
@@ -308,9 +316,7 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
     # the fallback that fits whenever any split-backward schedule can; at tighter limits the blocks
     # beat it by far, so it does not run there.
     limits = problem.tables().limit
-    above_zb_v = zb_v_schedule is not None and any(
-        limit > peak * (1 + _REL_TOLERANCE) for limit, peak in zip(limits, zb_v_schedule.metrics.peak_memory)
-    )
+    above_zb_v = zb_v_runs and any(limit > peak * (1 + _REL_TOLERANCE) for limit, peak in zip(limits, zb_v_peaks))
     if best is None or above_zb_v:
         try:
             consider(greedy(problem))
