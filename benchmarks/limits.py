@@ -1,8 +1,9 @@
 """Every memory limit, not only the papers' levels: the V placement from V-Min's level to 2p.
 
 A user's limit is whatever memory is left after the model's weights, rarely exactly one
-of the levels the V families were built for. For Zero Bubble's 1.5B (p = 8, m = 24) and
-14.6B (p = 16, m = 48) settings on the V placement (benchmarks/published.py), at every
+of the levels the V families were built for. For Zero Bubble's 1.5B (p = 8, m = 24),
+14.6B (p = 16, m = 48) and 28.3B (p = 32, m = 96) settings on the V placement
+(benchmarks/published.py), at every
 integer limit from V-Min's level (p+4)//3 up to p, and at 2p: the best fixed V family
 that fits (V-Min, V-Half, ZB-V, DualPipe-V), `v-auto` with its constant-slope blocks
 only and no reordered blocks, `v-auto` with bent blocks but no reordered ones, `v-auto`
@@ -33,7 +34,7 @@ from optimizer.schedules.v_auto import v_auto
 from optimizer.simulate import simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SETTING_NAMES = ("1.5B-p8-m24", "14.6B-p16-m48")
+SETTING_NAMES = ("1.5B-p8-m24", "14.6B-p16-m48", "28.3B-p32-m96")
 FAMILIES = ("v-min", "v-half", "zb-v", "dualpipe-v")
 
 
