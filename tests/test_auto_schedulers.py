@@ -4,6 +4,8 @@ the fixed V families that fit, and both offered to the solver as starting points
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 from benchmarks.published import SETTINGS, published_problem, setting_named
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.problem import Problem, placement_devices, uniform_problem
-from optimizer.schedules import applicable, generate
+from optimizer.schedules import GENERATORS, applicable, generate
 from optimizer.schedules.building_block import building_block_orders
 from optimizer.schedules.v_auto import v_auto, wave
 from optimizer.schedules.v_half import v_half_offsets
@@ -207,3 +209,28 @@ def test_v_auto_fills_a_limit_between_v_mins_and_v_halfs_with_a_bent_block():
     # without bends v-auto returns the block for 7 (2051.7 ms); a bent block peaks at 8.
     bent, constant = v_auto_with_and_without(8.0, bends=False)
     assert bent < constant * (1 - 0.01)  # measured: 2010.6 against 2051.7 ms (-2.0%)
+
+
+# -- v-auto under a deadline: the solver's time limit at the largest sizes ----------------
+
+
+def test_v_auto_past_its_deadline_returns_its_first_fitting_candidate():
+    setting = setting_named("14.6B-p16-m48")
+    problem = published_problem(setting, 8.0, "vshape")
+    hurried = simulate(problem, v_auto(problem, deadline=time.monotonic() - 1.0))
+    assert validate(problem, hurried.devices) == []  # includes the memory limit
+    full = objective_value(checked(problem, "v-auto"), "span")
+    # without time it goes on to the reordered blocks: 1957.0 ms against the first
+    # fitting block's 2051.7
+    assert objective_value(hurried, "span") > full * (1 + 0.01)
+
+
+def test_build_within_is_the_deadline_build_for_v_auto_and_the_plain_build_otherwise():
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", memory_limit=3.0, mem_forward=0.5)
+    far = time.monotonic() + 3600.0
+    v_auto_generator = GENERATORS["v-auto"]
+    assert v_auto_generator.build_by is not None
+    assert v_auto_generator.build_within(problem, far) == v_auto_generator.build(problem)
+    v_min_generator = GENERATORS["v-min"]
+    assert v_min_generator.build_by is None
+    assert v_min_generator.build_within(problem, time.monotonic() - 1.0) == v_min_generator.build(problem)

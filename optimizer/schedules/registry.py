@@ -21,7 +21,10 @@ class Generator:
     unsliced problems only. On a problem with vocabulary parallelism every family builds
     its order for the problem without the passes and the passes are woven in
     (optimizer.schedules.vocab_passes). `alias`: another name for a family (not built
-    twice by `compare` or the solver).
+    twice by `compare` or the solver). `build_by`: for a family that tries candidates one
+    after another (an automatic scheduler), the same build stopping at a deadline
+    (time.monotonic()) with the best it has by then; the solver calls it through
+    `build_within`, so that its time limit holds.
     """
 
     name: str
@@ -31,9 +34,17 @@ class Generator:
     slices: bool = False
     alias: bool = False
     vocab_only: bool = False  # applies only to problems with vocabulary parallelism
+    build_by: Callable[[Problem, float], Orders] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "build", _with_vocab_passes(self.build))
+
+    def build_within(self, problem: Problem, deadline: float) -> Orders:
+        """The family's orders, from the build that stops at `deadline` where it has one."""
+        if self.build_by is None:
+            return self.build(problem)
+        build_by = self.build_by
+        return _with_vocab_passes(lambda plain: build_by(plain, deadline))(problem)
 
     def reason(self, problem: Problem) -> str | None:
         """Why the family does not apply to `problem` (None: it does), slices included."""

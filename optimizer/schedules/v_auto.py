@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import product
 
@@ -215,7 +216,11 @@ def _fits(problem: Problem, peaks: tuple[float, ...] | list[float]) -> bool:
 
 
 def _reordered(
-    problem: Problem, chosen: list[tuple[tuple[int, ...], ...]], v_min: tuple[tuple[int, ...], ...], small: bool
+    problem: Problem,
+    chosen: list[tuple[tuple[int, ...], ...]],
+    v_min: tuple[tuple[int, ...], ...],
+    small: bool,
+    due: Callable[[], bool],
 ) -> Iterator[Orders]:
     """Blocks with their warm-up and cool-down reordered (optimizer.schedules.block_reorder),
     each with and without idle filling.
@@ -230,7 +235,7 @@ def _reordered(
     (optimizer.schedules.block_family), whose shifts meet other memory levels: the blocks
     whose steady peak fits the limit, highest first (p16 m48 at 10, 13, 14: 1748.8 ->
     1736.9, 1655.1 -> 1644.4, 1635.5 -> 1613.7 ms; p32 m96 at 14, 16, 28: 3851.4 -> 3767.4,
-    3631.2, 2987.7), fewer above 10,000 ops.
+    3631.2, 2987.7), fewer above 10,000 ops. No block is built once `due()`.
     """
     m = problem.num_microbatches
     chunk_caps = _chunk_caps(problem)
@@ -238,29 +243,41 @@ def _reordered(
     caps = [0, limit_cap] if small and limit_cap is not None else [0]
     blocks = [*chosen, v_min] if small else chosen[:1] or [v_min]
     for offsets in blocks:
+        if due():
+            return
         yield from reordered_block_orders([list(r) for r in offsets], m, caps)
-    if limit_cap is not None:
+    if limit_cap is not None and not due():
         fitting = [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= limit_cap]
         for offsets in fitting[: _PAPER_BLOCKS_REORDERED if small else _PAPER_BLOCKS_REORDERED_LARGE]:
+            if due():
+                return
             yield from reordered_block_orders([list(r) for r in offsets], m)
 
 
-def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: bool = True) -> Orders:
+def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: bool = True, deadline: float | None = None) -> Orders:
     """The best V-shape order within the limit (see the module docstring); `bends=False`
     leaves the bent blocks out (what the constant-slope family alone reaches),
-    `denser=False` the squeezes up to the limit, and `reorder=False` the reordered blocks."""
+    `denser=False` the squeezes up to the limit, and `reorder=False` the reordered blocks.
+    With a `deadline` (time.monotonic()) no further candidate is built once it has passed
+    and one fits: the candidates come cheapest and strongest first (ZB-V, the chosen blocks,
+    V-Min's and V-Half's), so a solver's time limit holds at the largest sizes (p = 32,
+    m = 256: 1.9-2.7 s in all)."""
     p, m = problem.num_devices, problem.num_microbatches
     tables = problem.tables()
     best: tuple[float, Orders] | None = None
+
+    def due() -> bool:
+        return deadline is not None and best is not None and time.monotonic() >= deadline
 
     def peaks(orders: Orders) -> list[float]:
         return [peak_memory(tables, ops) for ops in orders]
 
     def consider(orders: Orders) -> bool:
         """Keep `orders` if it fits and is the shortest so far; False if it cannot finish.
-        Memory depends on the order alone, so what does not fit is not timed."""
+        Memory depends on the order alone, so what does not fit is not timed; nothing is
+        once the deadline has passed."""
         nonlocal best
-        if not fits_limits(peaks(orders), tables.limit):
+        if due() or not fits_limits(peaks(orders), tables.limit):
             return True
         try:
             timed = simulate_times(problem, orders)
@@ -291,9 +308,11 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
             fitting = [b for b in candidate_blocks(problem, bent) if _fits(problem, b.peak)]
             chosen += [b for b in sorted(fitting, key=lambda b: -max(b.peak)) if b.offsets not in known][:budget]
     for offsets in [b.offsets for b in chosen] + known:
+        if due():
+            break
         consider(building_block_orders([list(r) for r in offsets], m))
     if reorder and not zb_v_fits:
-        for orders in _reordered(problem, [b.offsets for b in chosen], known[0], small):
+        for orders in _reordered(problem, [b.offsets for b in chosen], known[0], small, due):
             consider(orders)
     # Memory above a block's own peak: squeezed up to the limit instead, its warm-up and
     # cool-down run denser (p16 m48 at limit 15: 1737.0 -> 1644.6 ms). The constant-slope
@@ -305,11 +324,12 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
         for block in [b for b in chosen if not b.bent] + [v_half]:
             if _has_room(problem, block.peak):
                 for caps, deltas in squeezes:
-                    consider(building_block_orders([list(r) for r in block.offsets], m, caps, deltas))
+                    if not due():
+                        consider(building_block_orders([list(r) for r in block.offsets], m, caps, deltas))
     # The ZB-V-style rounds fill the V only where ZB-V's memory fits (there they are
     # 0.05-0.4% shorter than ZB-V); below it they are far behind the blocks, and they
     # are built there only where they cost nothing (0.03 s at p = 8, 1.2 s at p = 32).
-    if zb_v_fits or small:
+    if (zb_v_fits or small) and not due():
         with contextlib.suppress(InfeasibleError):  # its rounds stuck: the other candidates stand
             consider(v_greedy(problem))
     # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
@@ -317,7 +337,7 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
     # beat it by far, so it does not run there.
     limits = problem.tables().limit
     above_zb_v = zb_v_runs and any(limit > peak * (1 + _REL_TOLERANCE) for limit, peak in zip(limits, zb_v_peaks))
-    if best is None or above_zb_v:
+    if best is None or (above_zb_v and not due()):
         try:
             consider(greedy(problem))
         except InfeasibleError:
@@ -333,4 +353,5 @@ GENERATOR = Generator(
     "Automatic V-shape schedule for the memory limit: building blocks searched between V-Min and ZB-V, list scheduler",
     v_auto,
     vshape_only,
+    build_by=lambda problem, deadline: v_auto(problem, deadline=deadline),
 )
