@@ -20,11 +20,10 @@ from optimizer.schedule import Schedule
 from optimizer.schedules import applicable
 from optimizer.simulate import simulate
 
-# Making a generator's orders canonical and timing them, per op (a rough count: devices x
-# microbatches x slices x 6): 0.3 to 0.4 s for p = 32, m = 256 on the V placement. A build
-# that stops at a deadline may also finish the step it is in (a candidate of v-auto: up to
-# 0.4 s there, three times that on 2 loaded cores), so 2e-5 s per op (1 s there) is kept
-# for both.
+# Making a generator's orders canonical and timing them, per op (Problem.num_ops): 0.3 to
+# 0.4 s for the 49k ops of p = 32, m = 256 on the V placement. A build that stops at a
+# deadline may also finish the step it is in (a candidate of v-auto: up to 0.4 s there,
+# three times that on 2 loaded cores), so 2e-5 s per op (1 s there) is kept for both.
 _TIMING_SECONDS_PER_OP = 2e-5
 
 
@@ -68,7 +67,6 @@ def generator_candidates(
     The generators named in `essential` may run until `essential_deadline` instead.
     """
     found, failed = [], {}
-    problem_ops = problem.num_devices * problem.num_microbatches * problem.num_slices * 6
     for generator in applicable(problem):
         if which is not None and not which(generator.name):
             continue
@@ -85,7 +83,7 @@ def generator_candidates(
                 if own_deadline is None:
                     outcome["orders"] = generator.build(problem)
                 else:  # the time that timing its orders will take is kept out of the build's
-                    outcome["orders"] = generator.build_within(problem, own_deadline - _TIMING_SECONDS_PER_OP * problem_ops)
+                    outcome["orders"] = generator.build_within(problem, own_deadline - _TIMING_SECONDS_PER_OP * problem.num_ops)
             except Exception as error:  # a broken family must not stop the solver; it is reported
                 outcome["error"] = f"{error.__class__.__name__}: {error}"
             finally:
