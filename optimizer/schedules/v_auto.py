@@ -350,7 +350,8 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
 
 GENERATOR = Generator(
     "v-auto",
-    "Automatic V-shape schedule for the memory limit: building blocks searched between V-Min and ZB-V, list scheduler",
+    "Automatic V-shape schedule for the memory limit: building blocks searched, squeezed and reordered between V-Min and ZB-V, "
+    "ZB-V-style rounds, list scheduler",
     v_auto,
     vshape_only,
     build_by=lambda problem, deadline: v_auto(problem, deadline=deadline),
