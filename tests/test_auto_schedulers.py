@@ -234,3 +234,14 @@ def test_build_within_is_the_deadline_build_for_v_auto_and_the_plain_build_other
     v_min_generator = GENERATORS["v-min"]
     assert v_min_generator.build_by is None
     assert v_min_generator.build_within(problem, time.monotonic() - 1.0) == v_min_generator.build(problem)
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.02, 0.1])
+def test_v_auto_cut_anywhere_by_its_deadline_still_fits(seconds):
+    # Where the deadline falls decides which candidate is last built, never whether the
+    # order is valid and within the limit.
+    setting = setting_named("1.5B-p8-m24")
+    for limit in (4.0, 6.0):
+        problem = published_problem(setting, limit, "vshape")
+        schedule = simulate(problem, v_auto(problem, deadline=time.monotonic() + seconds))
+        assert validate(problem, schedule.devices) == []
