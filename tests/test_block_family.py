@@ -4,12 +4,18 @@ V-Min and V-Half, and the steady peak that ranks a block is the peak of the repe
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 
+from benchmarks.published import Setting, published_problem, setting_named
+from optimizer.exact.incumbents import objective_value
 from optimizer.schedules.block_family import paper_blocks, paper_blocks_by_peak, steady_peak
-from optimizer.schedules.block_reorder import _peak, _repeat
+from optimizer.schedules.block_reorder import _peak, _repeat, reordered_block_orders
+from optimizer.schedules.v_auto import v_auto
 from optimizer.schedules.v_half import v_half_offsets
 from optimizer.schedules.v_min import v_min_offsets
+from optimizer.simulate import simulate
 
 
 @pytest.mark.parametrize("p", [1, 2, 4, 7])
@@ -46,3 +52,24 @@ def test_blocks_by_peak_come_highest_first_and_hold_the_whole_family():
     peaks = [peak for peak, _ in ranked]
     assert peaks == sorted(peaks, reverse=True)
     assert {block for _, block in ranked} == set(paper_blocks(6))
+
+
+def test_v_auto_no_worse_than_reordering_every_fitting_block_of_the_family():
+    # The repeat-squeeze-reorder search over the whole family (what the paper's automatic
+    # scheduler does) against v-auto, which reorders only the best-fitting few of it.
+    setting = setting_named("1.5B-p8-m24")
+    for p in (4, 6):
+        m = 3 * p
+        scaled = Setting("scaled", p, m, *astuple(setting)[3:])
+        for limit in range((p + 4) // 3, p):
+            problem = published_problem(scaled, float(limit), "vshape")
+            cap = 2 * limit  # chunk activations: each chunk's forward holds half a stage's
+            whole_family = min(
+                objective_value(schedule, "span")
+                for peak, block in paper_blocks_by_peak(p)
+                if peak <= cap
+                for orders in reordered_block_orders([list(r) for r in block], m)
+                if (schedule := simulate(problem, orders)).fits_memory()
+            )
+            ours = objective_value(simulate(problem, v_auto(problem)), "span")
+            assert ours <= whole_family * (1 + 1e-9), (p, limit)

@@ -84,9 +84,11 @@ _BENT_BUILT_SMALL = 6
 _BENDS = (0.25, 0.5, 0.75)
 _SLOPES = (1, 2, 3)
 # Blocks of the controllable-memory paper's own family reordered for the limit (small
-# problems): the 6 with the highest steady peak that fits found every best one on the
-# paper's p = 8 and 16 settings (12 and 24 found no shorter).
-_PAPER_BLOCKS_REORDERED = 6
+# problems): the 8 with the highest steady peak that fit. Against reordering every block
+# of the family that fits, on the paper's timings at p = 4 to 12 and every limit from
+# V-Min's to p - 1 (22 cases), the best block was among the first 7 (the 7th once: 1284.7
+# against 1284.9 ms at p = 12, m = 36, limit 8); at p = 16 among the first 6.
+_PAPER_BLOCKS_REORDERED = 8
 # Above 10,000 ops the 2 best (at p = 32, m = 96, the first 2 of 6 give 3631.2 of 3622.1 ms
 # at 16 activations; each costs about 0.4 s at m = 256, ranking the family 0.55 s once).
 _PAPER_BLOCKS_REORDERED_LARGE = 2
