@@ -55,8 +55,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import accumulate
 
-from optimizer.ops import Op
-from optimizer.schedules.building_block import B0, B1, CHUNK_DELTAS, F0, F1, W0, W1
+from optimizer.schedules.building_block import B0, B1, CHUNK_DELTAS, F0, F1, W0, W1, slot_op
 from optimizer.schedules.registry import Orders
 
 _PERIOD = 6
@@ -411,15 +410,12 @@ def _orders(grid: Grid, m: int) -> Orders:
     p = len(grid)
     orders: Orders = []
     for device, row in enumerate(grid):
-        chunk0, chunk1 = device, 2 * p - 1 - device
-        name_stage = {F0: ("F", chunk0), F1: ("F", chunk1), B1: ("B", chunk1), B0: ("B", chunk0), W1: ("W", chunk1), W0: ("W", chunk0)}
         seen = [0] * 7
         ops = []
         for kind in row:
             if kind == EMPTY:
                 continue
-            name, stage = name_stage[kind]
-            ops.append(Op(name, stage, seen[kind]))
+            ops.append(slot_op(kind, device, p, seen[kind]))
             seen[kind] += 1
         if any(seen[k] != m for k in _KINDS):
             raise _Unbuildable

@@ -219,11 +219,17 @@ def building_block_orders(
     times = _squeeze(times, False, caps, deltas)
     orders: Orders = []
     for r, t in enumerate(_put_w_all(times)):
-        stage = {F0: r, F1: 2 * p - 1 - r, B1: 2 * p - 1 - r, B0: r, W1: 2 * p - 1 - r, W0: r}
-        name = {F0: "F", F1: "F", B1: "B", B0: "B", W1: "W", W0: "W"}
         ops = sorted((slot, kind, mb) for kind, lst in t.items() for mb, slot in enumerate(lst))
-        orders.append([Op(name[kind], stage[kind], mb) for _, kind, mb in ops])
+        orders.append([slot_op(kind, r, p, mb) for _, kind, mb in ops])
     return orders
+
+
+def slot_op(kind: int, device: int, p: int, microbatch: int) -> Op:
+    """The op a slot of `kind` (F0, F1, B1, B0, W1, W0) on `device` runs for `microbatch`:
+    chunk 0 is stage `device`, chunk 1 stage 2p-1-device (the V placement)."""
+    name = "F" if kind in _FORWARDS else "B" if kind in _BACKWARDS else "W"
+    stage = device if kind in (F0, B0, W0) else 2 * p - 1 - device
+    return Op(name, stage, microbatch)
 
 
 def _put_w_all(times: list[dict[int, list[int]]]) -> list[dict[int, list[int]]]:
