@@ -290,6 +290,7 @@ def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOpt
         threads=options.threads,
         on_bound=lambda value, reason: tracker.raise_bound(value, reason),
         objective=options.objective,
+        incumbent=tracker.best.devices if tracker.best is not None and relaxed is problem else None,
     )
 
 

@@ -51,6 +51,9 @@ class SubProblem:
     # (a, b, f): a ends before b starts unless pair f of `fusable` is fused (symmetry)
     in_order_if_split: list[tuple[int, int, int]] = field(default_factory=list)
     hint_fused: list[bool] | None = None  # per pair of `fusable`, in the incumbent
+    # Every op free and no context fixed: a schedule shifted in time is still one, so a
+    # span-optimal solution starting at time 0 exists (the span model pins its first op).
+    shiftable: bool = False
 
     def least_durations(self) -> list[int]:
         """Each op's shortest duration, fused or split (for bounds on start times)."""
@@ -211,6 +214,7 @@ def full_subproblem(
         index=index,
         fusable=fusable,
         in_order_if_split=in_order_if_split,
+        shiftable=True,
     )
     sub.transfer_slack = tables.comm * 2 * S * m * K + (tables.barrier * 2 * m if tables.vocab is not None else 0)
     if hint is not None:
