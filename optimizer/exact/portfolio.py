@@ -52,6 +52,10 @@ PERIODIC_SHARE = 0.2
 RELAXATION_SHARE = {"makespan": 0.3, "span": 0.5}
 # Share of the time left after the starting points that the order search takes.
 ORDER_SEARCH_SHARE = 0.6
+# On small problems the whole model both searches and proves, so the order search leaves
+# it more: at 30 s on 4 devices (benchmarks/small_proofs.py) a 0.6 share left it too
+# little time to close cases the incumbent already solved.
+ORDER_SEARCH_SHARE_SMALL = 0.25
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
@@ -225,8 +229,12 @@ def _large_unsliced(problem: Problem, options: SolveOptions) -> bool:
     return _large(problem, options) and problem.num_slices == 1 and problem.vocab_parallel is None
 
 
-def _orderable(problem: Problem, options: SolveOptions) -> bool:
-    return localsearch.applicable(problem)
+def _orderable_large(problem: Problem, options: SolveOptions) -> bool:
+    return localsearch.applicable(problem) and _large(problem, options)
+
+
+def _orderable_small(problem: Problem, options: SolveOptions) -> bool:
+    return localsearch.applicable(problem) and _small(problem, options)
 
 
 def _relaxable(problem: Problem, options: SolveOptions) -> bool:
@@ -310,7 +318,8 @@ PHASES: tuple[Phase, ...] = (
     # Under a tight memory limit the known schedules' steady state and warm-up are far
     # from the bound (V placement at V-Min's level: 25-30% bubble); moving single ops
     # and repeating swaps in every round shortens them, cheaply, for any placement.
-    Phase("order search", _orderable, ORDER_SEARCH_SHARE, order_search),
+    Phase("order search", _orderable_large, ORDER_SEARCH_SHARE, order_search),
+    Phase("order search", _orderable_small, ORDER_SEARCH_SHARE_SMALL, order_search),
     # At p = 8, m = 16 under a tight limit the relaxations lift the makespan bound from
     # 88.7 to 92.5 (optimum <= 94) in ~15 s, where the whole model proves nothing above
     # 88.7 in minutes; under the span objective one device alone proves ZB-H1 optimal at
