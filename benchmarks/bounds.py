@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem
+from benchmarks.saving import save_results
 from benchmarks.solver import PublishedCase, published_cases
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.listsched import list_schedule, policies
-from optimizer.io import write_json_atomic, write_text_atomic
 from optimizer.simulate import simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['case']:<32} best {r['best_bubble']:7.2%} ({r['best_known']})  bound {r['bound']:10.3f} in {r['bound_seconds']:.2f} s  gap {r['gap']:.2%}"
         )
-        write_json_atomic(args.output, {"results": results})
-        write_text_atomic(args.output.with_suffix(".md"), table(results))
+        save_results(args.output, {"results": results}, table(results))
     return 0
 
 

@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import Setting, published_problem, setting_named
+from benchmarks.saving import save_results
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import objective_value
-from optimizer.io import write_json_atomic, write_text_atomic
 from optimizer.schedules import generate
 from optimizer.schedules.v_auto import v_auto
 from optimizer.simulate import simulate
@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             # Saved after every case, so that a run stopped early keeps what it measured.
-            write_json_atomic(args.output, {"time_limit": args.time_limit, "seed": args.seed, "results": results})
-            write_text_atomic(args.output.with_suffix(".md"), table(results, args.time_limit))
+            save_results(
+                args.output, {"time_limit": args.time_limit, "seed": args.seed, "results": results}, table(results, args.time_limit)
+            )
     return 0
 
 

@@ -33,11 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem, setting_named
+from benchmarks.saving import save_results
 from benchmarks.solver import Case, build_problem
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.periodic import period_status, unroll
 from optimizer.exact.timescale import integer_tables
-from optimizer.io import write_json_atomic, write_text_atomic
 from optimizer.ops import SPLIT_KINDS
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -139,8 +139,7 @@ def main() -> None:
         rows.append(run_case(name, problem, args.seconds))
     text = markdown(rows, args.seconds)
     print(text)
-    write_json_atomic(args.output, {"seconds_per_period": args.seconds, "machine": platform.machine(), "cases": rows})
-    write_text_atomic(args.output.with_suffix(".md"), text)
+    save_results(args.output, {"seconds_per_period": args.seconds, "machine": platform.machine(), "cases": rows}, text)
 
 
 if __name__ == "__main__":

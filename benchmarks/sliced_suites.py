@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.saving import save_results
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import generator_candidates
-from optimizer.io import write_json_atomic, write_text_atomic
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import get_generator
@@ -234,7 +234,6 @@ def run_suite(suite: str, time_limit: float, seed: int, only: str, output: Path)
             flush=True,
         )
         payload = {"suite": suite, "time_limit": time_limit, "seed": seed, "only": only, "complete": len(results) == len(cases)}
-        write_json_atomic(output, {**payload, "results": results})
         table = table_of(results, time_limit)
-        write_text_atomic(output.with_suffix(".md"), table)
+        save_results(output, {**payload, "results": results}, table)
     return table

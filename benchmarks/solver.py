@@ -39,7 +39,6 @@ benchmarks/results/slices.json and .md, fused.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -49,10 +48,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import SETTINGS, Setting, published_problem
+from benchmarks.saving import save_results
 from benchmarks.sliced_suites import run_suite
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import generator_candidates, objective_value
-from optimizer.io import write_json_atomic, write_text_atomic
 from optimizer.problem import Problem, placement_devices
 from optimizer.schedules import get_generator
 
@@ -340,9 +339,8 @@ def _save_published(output: Path, results: list[dict], time_limits: list[float],
         "complete": complete,
         "results": results,
     }
-    write_json_atomic(output, payload)
     table = published_markdown(results, time_limits)
-    write_text_atomic(output.with_suffix(".md"), table)
+    save_results(output, payload, table)
     return table
 
 
@@ -391,9 +389,8 @@ def main() -> None:
         )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     payload = {"time_limit": args.time_limit, "full": args.full, "seed": args.seed, "results": results}
-    args.output.write_text(json.dumps(payload, indent=1) + "\n")
     table = markdown(results, args.time_limit)
-    args.output.with_suffix(".md").write_text(table)
+    save_results(args.output, payload, table)
     print()
     print(table)
 

@@ -1,0 +1,14 @@
+"""Saving a benchmark's results: the JSON and its markdown table beside it, each written whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from optimizer.io import write_json_atomic, write_text_atomic
+
+
+def save_results(output: Path, payload: dict, table: str) -> None:
+    """`payload` as JSON at `output` and `table` at the same name with .md; a run stopped
+    between the two writes leaves the previous table, never half of one."""
+    write_json_atomic(output, payload)
+    write_text_atomic(output.with_suffix(".md"), table)
