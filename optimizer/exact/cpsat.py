@@ -205,8 +205,7 @@ def _pin_first_start(model: cp_model.CpModel, sub: SubProblem, start: list[cp_mo
     the first device's span is its last end, as tightly bounded as a makespan. Every op
     follows an op without predecessors, so the earliest op is one of those.
     """
-    has_predecessor = {b for _, b, _ in sub.precedences} | {b for _, b in sub.in_order} | {b for _, b, _ in sub.in_order_if_split}
-    sources = [start[j] for j in range(len(sub.ops)) if j not in has_predecessor]
+    sources = [start[j] for j in sub.sources()]
     if len(sources) == 1:
         model.add(sources[0] == 0)
     else:

@@ -89,6 +89,11 @@ class SubProblem:
             return max([self.floor] + [s + d + q for s, d, q in zip(self.hint, self.durations(self.hint_fused), self.tail)])
         return sequential
 
+    def sources(self) -> list[int]:
+        """The ops nothing precedes (no dependency, no class order): every op follows one."""
+        has_predecessor = {b for _, b, _ in self.precedences} | {b for _, b in self.in_order} | {b for _, b, _ in self.in_order_if_split}
+        return [j for j in range(len(self.ops)) if j not in has_predecessor]
+
     def hint_span(self) -> int | None:
         """The hint's longest device span in ticks: no span-optimal solution exceeds it."""
         if self.hint is None:
