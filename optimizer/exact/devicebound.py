@@ -261,23 +261,19 @@ def device_subset_bound(
     scale = relax.tables.time_scale
     upper_ticks = math.floor(upper * scale + 1e-9)
     p = problem.num_devices
-    best = 0
     if objective == "span":
         return _span_bound(relax, upper=upper, deadline=deadline, seed=seed, threads=threads, on_bound=on_bound, incumbent=incumbent)
     hint = relax.hint(incumbent, origin=0)
+    best = _BestBound(scale, on_bound)
 
     def record(value: int, devices: Sequence[int]) -> None:
-        nonlocal best
-        if value > best:
-            best = value
-            if on_bound is not None:
-                on_bound(value / scale, f"devices {', '.join(map(str, sorted(devices)))} as an exact relaxation")
+        best.offer(value, f"devices {', '.join(map(str, sorted(devices)))} as an exact relaxation")
 
     singles = {}
     for d in range(p):
         left = deadline - time.monotonic()
         if left <= 0.05:
-            return best / scale
+            return best.value()
         value, _ = relax.solve([d], upper=upper, floor=0, time_limit=min(left, left / (2 * (p - d))), seed=seed, threads=threads, hint=hint)
         singles[d] = value
         record(value, [d])
@@ -286,13 +282,32 @@ def device_subset_bound(
     for size in range(2, p):
         devices = ranked[:size]
         left = deadline - time.monotonic()
-        if left <= 0.05 or relax.ops_on(devices) > max_ops or best >= upper_ticks:
+        if left <= 0.05 or relax.ops_on(devices) > max_ops or best.ticks >= upper_ticks:
             break
-        value, closed = relax.solve(devices, upper=upper, floor=best, time_limit=left, seed=seed, threads=threads, hint=hint)
+        value, closed = relax.solve(devices, upper=upper, floor=best.ticks, time_limit=left, seed=seed, threads=threads, hint=hint)
         record(value, devices)
         if not closed:
             break
-    return best / scale
+    return best.value()
+
+
+class _BestBound:
+    """The highest bound proven so far, in ticks; each rise is reported with its reason."""
+
+    def __init__(self, scale: float, on_bound: Callable[[float, str], None] | None):
+        self.ticks = 0
+        self.scale = scale
+        self.on_bound = on_bound
+
+    def offer(self, ticks: int, reason: str) -> None:
+        if ticks > self.ticks:
+            self.ticks = ticks
+            if self.on_bound is not None:
+                self.on_bound(ticks / self.scale, reason)
+
+    def value(self) -> float:
+        """The bound in the problem's units."""
+        return self.ticks / self.scale
 
 
 def _span_bound(
@@ -321,37 +336,29 @@ def _span_bound(
     order = sorted(range(problem.num_devices), key=lambda d: (-preemptive[d], d))
     upper_ticks = math.floor(upper * scale + 1e-9)
     anchor = relax.tables.device[0]
-    best = 0
-
-    def record(value: int, reason: str) -> None:
-        nonlocal best
-        if value > best:
-            best = value
-            if on_bound is not None:
-                on_bound(value / scale, reason)
-
+    best = _BestBound(scale, on_bound)
     for n, d in enumerate(order):
         left = deadline - time.monotonic()
-        if left <= 0.05 or best >= upper_ticks:
+        if left <= 0.05 or best.ticks >= upper_ticks:
             break
         share = 0.8 * left if n == 0 else left / (len(order) - n)
         hint = relax.hint(incumbent, origin=min(problem.stages_on(d)))
         value, closed = relax.solve([d], upper=upper, floor=0, time_limit=share, seed=seed, threads=threads, frame=frames[d], hint=hint)
-        record(value, f"device {d}'s span as an exact relaxation")
+        best.offer(value, f"device {d}'s span as an exact relaxation")
         if d == anchor and closed:
             for devices in anchored_sets(relax):
                 left = deadline - time.monotonic()
-                if left <= 0.05 or best >= upper_ticks:
+                if left <= 0.05 or best.ticks >= upper_ticks:
                     break
                 # The other devices' own spans keep a fifth of what is left.
                 value, closed = relax.solve(
                     devices, upper=upper, floor=value, time_limit=0.8 * left, seed=seed, threads=threads, frame=frames[d], hint=hint
                 )
                 names = ", ".join(map(str, devices))
-                record(value, f"device {d}'s span with devices {names} as an exact relaxation")
+                best.offer(value, f"device {d}'s span with devices {names} as an exact relaxation")
                 if not closed:
                     break
-    return best / scale
+    return best.value()
 
 
 def anchored_sets(relax: DeviceRelaxation, max_ops: int = ANCHORED_MAX_OPS) -> list[list[int]]:
