@@ -1,0 +1,354 @@
+"""A lower bound that sees every device at once: the time-indexed fluid relaxation.
+
+The per-device relaxations (optimizer.exact.devicebound) are exact on one device but
+stand-ins for the others, and the static bounds (optimizer.exact.bounds) count one
+device's warm-up and drain. On the V placement at tight memory what is left is an
+effect of all devices together (the last microbatches' backwards come back to the first
+device at the pace the others can free memory and do their own work). This bound keeps
+all devices and counts microbatches as flows:
+
+* N_c(t): how many ops of class c = (kind, stage) have started by time t, a real in
+  [0, m]. In any schedule, sorting each class's start times shows that the k-th start of
+  a class comes after the k-th end of each predecessor class plus its transfer, so
+  N_c(t) <= N_p(t - transfer - duration_p): microbatch labels do not matter;
+* per device, the work done by t on each class lies between its duration times the
+  ops ended and times the ops started, and all of it grows by at most dt in dt;
+* memory at every forward's sampled start: what the started forwards allocated, less
+  what the ended B's and W's freed, within the limit (allocations counted low, frees
+  counted high: the constraint only relaxes the real one);
+* the first op (stage 0's first forward, which every op waits for) starts at 0, so the
+  device of stage 0 ends by Z only if all its classes have started m ops by Z minus
+  their duration.
+
+Time is sampled on a grid of step dt; each class on the grid shifted by its head modulo
+dt, so the chain of forwards and backwards (each class aligned with its critical
+predecessor) loses nothing to rounding. Rounding always goes the relaxing way (a count
+bounded from above by the next sample, from below by the previous one), so for a given
+Z the linear program is feasible whenever a schedule ends device 0 by Z: an infeasible
+program proves every schedule's span of that device (its first op at 0) above Z, hence
+the span objective and the makespan above Z.
+
+The program is solved by HiGHS in a fresh process (`python -m optimizer.exact.fluidbound`,
+see optimizer/exact/highs_worker.py for why: OR-Tools and highspy ship different HiGHS
+libraries), bisecting Z between a known bound and a known schedule's span. Each answer
+is a proof on its own, so a cut-off run still returns the highest Z proven.
+
+Applies to one slice per microbatch, no vocabulary passes, backwards split (where a
+fused backward is never shorter than B then W, optimizer.exact.slicebounds), memory
+allocated by forwards and freed by B's and W's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from optimizer.problem import Problem
+
+# Grid steps the default step aims at over the span being tested: the program has about
+# (3 classes per stage) x (stages) x (this many) samples of two variables each.
+DEFAULT_SAMPLES = 1000
+# A proof is reported this much (relative) below the Z the solver refuted, for the
+# solver's feasibility tolerance.
+SAFETY = 1e-6
+
+Class = tuple[str, int]  # (kind, stage)
+
+
+@dataclass(frozen=True)
+class _Data:
+    """The problem as the program needs it (plain numbers, no pydantic in the loops)."""
+
+    num_stages: int
+    num_microbatches: int
+    device: tuple[int, ...]
+    duration: dict[str, tuple[float, ...]]
+    memory: dict[str, tuple[float, ...]]
+    limit: tuple[float, ...]
+    links: tuple[float, ...]  # transfer after stage s's forward (and before its backward)
+
+
+def applicable(problem: Problem) -> bool:
+    """One slice, no vocabulary passes, forwards allocate and B's and W's free."""
+    if problem.num_slices != 1 or problem.vocab_parallel is not None:
+        return False
+    t = problem.tables()
+    if any(v < 0 for v in t.mem_forward) or any(v > 0 for v in t.mem_backward_input + t.mem_backward_weight):
+        return False
+    # A fused backward shorter than B then W could beat every split schedule.
+    return all(bw >= b + w - 1e-12 for bw, b, w in zip(t.backward, t.backward_input, t.backward_weight, strict=True))
+
+
+def _data(problem: Problem) -> _Data:
+    t = problem.tables()
+    S = problem.num_stages
+    links = tuple(problem.comm_time if s + 1 < S and t.device[s] != t.device[s + 1] else 0.0 for s in range(S))
+    return _Data(
+        num_stages=S,
+        num_microbatches=problem.num_microbatches,
+        device=t.device,
+        duration={"F": t.forward, "B": t.backward_input, "W": t.backward_weight},
+        memory={"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight},
+        limit=t.limit,
+        links=links,
+    )
+
+
+def _predecessors(data: _Data) -> dict[Class, list[tuple[Class, float]]]:
+    """Each class's predecessor classes with the transfer between them."""
+    S, links = data.num_stages, data.links
+    preds: dict[Class, list[tuple[Class, float]]] = {}
+    for s in range(S):
+        preds[("F", s)] = [(("F", s - 1), links[s - 1])] if s > 0 else []
+        preds[("B", s)] = [(("F", s), 0.0)] + ([(("B", s + 1), links[s])] if s + 1 < S else [])
+        preds[("W", s)] = [(("B", s), 0.0)]
+    return preds
+
+
+def _heads(data: _Data, preds: dict[Class, list[tuple[Class, float]]]) -> dict[Class, float]:
+    """Earliest start of each class's first op (longest path from stage 0's forward)."""
+    S = data.num_stages
+    order = [("F", s) for s in range(S)] + [("B", s) for s in reversed(range(S))] + [("W", s) for s in range(S)]
+    head: dict[Class, float] = {}
+    for c in order:
+        head[c] = max((head[p] + data.duration[p[0]][p[1]] + lag for p, lag in preds[c]), default=0.0)
+    return head
+
+
+@dataclass
+class _Program:
+    """A linear program in row form: variable bounds, rows (lower, upper, columns, values)."""
+
+    lower: list[float]
+    upper: list[float]
+    rows: list[tuple[float, float, list[int], list[float]]]
+
+    def var(self, lower: float, upper: float) -> int:
+        self.lower.append(lower)
+        self.upper.append(upper)
+        return len(self.lower) - 1
+
+    def row(self, lower: float, upper: float, columns: list[int], values: list[float]) -> None:
+        self.rows.append((lower, upper, columns, values))
+
+
+def build_program(data: _Data, z: float, step: float) -> _Program | None:
+    """The program whose feasibility a schedule ending device 0 by `z` implies (None: z is
+    below some class's own duration, so no schedule does)."""
+    inf = math.inf
+    m = data.num_microbatches
+    preds = _predecessors(data)
+    head = _heads(data, preds)
+    classes = list(head)
+    duration = {c: data.duration[c[0]][c[1]] for c in classes}
+    offset = {c: head[c] - math.floor(head[c] / step) * step for c in classes}
+    samples = math.floor(z / step) + 2  # one past z, so every "started by z - d" has a sample
+
+    def at_or_after(c: Class, x: float) -> int:
+        return max(math.ceil((x - offset[c]) / step - 1e-9), 0)
+
+    def at_or_before(c: Class, x: float) -> int | None:
+        j = math.floor((x - offset[c]) / step + 1e-9)
+        return j if j >= 0 else None
+
+    lp = _Program([], [], [])
+    started = {c: [lp.var(0.0, m) for _ in range(samples)] for c in classes}
+    work = {c: [lp.var(0.0, m * duration[c]) for _ in range(samples)] for c in classes}
+    for c in classes:
+        n, w, d = started[c], work[c], duration[c]
+        for k in range(samples - 1):
+            lp.row(0.0, inf, [n[k + 1], n[k]], [1.0, -1.0])
+            lp.row(0.0, inf, [w[k + 1], w[k]], [1.0, -1.0])
+        for k in range(samples):
+            t = k * step + offset[c]
+            for p, lag in preds[c]:
+                x = t - lag - duration[p]
+                if x < 0:
+                    lp.row(-inf, 0.0, [n[k]], [1.0])
+                else:
+                    lp.row(-inf, 0.0, [n[k], started[p][min(at_or_after(p, x), samples - 1)]], [1.0, -1.0])
+            lp.row(-inf, 0.0, [w[k], n[k]], [1.0, -d])
+            ended = at_or_before(c, t - d)
+            if ended is not None:
+                lp.row(0.0, inf, [w[k], n[ended]], [1.0, -d])
+    for device in range(max(data.device) + 1):
+        mine = [c for c in classes if data.device[c[1]] == device]
+        done = [lp.var(0.0, inf) for _ in range(samples + 1)]  # work done on the device by k * step
+        lp.row(-inf, 0.0, [done[0]], [1.0])
+        for k in range(samples):
+            lp.row(-inf, step, [done[k + 1], done[k]], [1.0, -1.0])
+            # Each class's k-th sample lies in [k * step, (k + 1) * step).
+            columns = [work[c][k] for c in mine]
+            lp.row(-inf, 0.0, [*columns, done[k + 1]], [1.0] * len(columns) + [-1.0])
+            lp.row(0.0, inf, [*columns, done[k]], [1.0] * len(columns) + [-1.0])
+        limit = data.limit[device]
+        if math.isfinite(limit):
+            for f in (c for c in mine if c[0] == "F"):
+                for k in range(samples):
+                    t = k * step + offset[f]
+                    columns: list[int] = []
+                    values: list[float] = []
+                    for c in mine:
+                        delta = data.memory[c[0]][c[1]]
+                        if delta == 0:
+                            continue
+                        if c[0] == "F":  # allocated at the start: count starts low
+                            j = at_or_before(c, t)
+                            if j is not None:
+                                columns.append(started[c][min(j, samples - 1)])
+                                values.append(delta)
+                        elif t - duration[c] >= 0:  # freed at the end: count ends high
+                            columns.append(started[c][min(at_or_after(c, t - duration[c]), samples - 1)])
+                            values.append(delta)
+                    lp.row(-inf, limit, columns, values)
+    anchor = data.device[0]
+    for c in classes:
+        if data.device[c[1]] != anchor:
+            continue
+        if z - duration[c] < 0:
+            return None
+        lp.row(m, inf, [started[c][min(at_or_after(c, z - duration[c]), samples - 1)]], [1.0])
+    return lp
+
+
+def _feasible(lp: _Program, time_limit: float, threads: int) -> bool | None:
+    """True, False (a proof), or None when HiGHS stops without an answer."""
+    import highspy  # never in a process that has loaded OR-Tools (see the module doc)
+    import numpy as np
+
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("solver", "ipm")
+    highs.setOptionValue("threads", threads)
+    highs.setOptionValue("time_limit", max(0.1, time_limit))
+    highs.addVars(len(lp.lower), np.array(lp.lower), np.array(lp.upper))
+    starts, columns, values = [], [], []
+    for _, _, cols, vals in lp.rows:
+        starts.append(len(columns))
+        columns.extend(cols)
+        values.extend(vals)
+    highs.addRows(
+        len(lp.rows),
+        np.array([r[0] for r in lp.rows]),
+        np.array([r[1] for r in lp.rows]),
+        len(columns),
+        np.array(starts, dtype=np.int32),
+        np.array(columns, dtype=np.int32),
+        np.array(values),
+    )
+    highs.run()
+    status = highs.getModelStatus()
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return False
+    if status == highspy.HighsModelStatus.kOptimal:
+        return True
+    return None
+
+
+def bisect(
+    data: _Data,
+    low: float,
+    high: float,
+    *,
+    deadline: float,
+    step: float | None = None,
+    tolerance: float = 0.002,
+    threads: int = 2,
+    on_proof: Callable[[float], None] = lambda value: None,
+) -> float:
+    """The highest Z in [low, high] proven (every schedule's device-0 span is above it),
+    `low` if none; stops when high - low is within `tolerance` (relative) or at `deadline`.
+
+    The first probe is at 1 - 2% of `high`: one refutation there already settles a 2% gap.
+    """
+    probe = max(low, high * 0.98)
+    while high - low > tolerance * high and time.monotonic() < deadline:
+        z = probe if low < probe < high else (low + high) / 2
+        probe = -1.0
+        lp = build_program(data, z, step or z / DEFAULT_SAMPLES)
+        answer = False if lp is None else _feasible(lp, deadline - time.monotonic(), threads)
+        if answer is None:
+            break
+        if answer:
+            high = z
+        else:
+            low = z * (1 - SAFETY)
+            on_proof(low)
+    return low
+
+
+def fluid_bound(
+    problem: Problem,
+    low: float,
+    high: float,
+    *,
+    time_limit: float,
+    step: float | None = None,
+    tolerance: float = 0.002,
+    threads: int = 2,
+) -> float:
+    """`bisect` on `problem` in a fresh process; `low` when nothing above it was proven.
+
+    `high` is a known schedule's span (or any Z the program is expected to be feasible at).
+    """
+    if not applicable(problem):
+        return low
+    with tempfile.TemporaryDirectory() as folder:
+        problem_path = os.path.join(folder, "problem.json")
+        out_path = os.path.join(folder, "bound.json")
+        with open(problem_path, "w") as handle:
+            handle.write(problem.model_dump_json())
+        settings = {"low": low, "high": high, "time_limit": time_limit, "step": step, "tolerance": tolerance, "threads": threads}
+        command = [sys.executable, "-m", "optimizer.exact.fluidbound", problem_path, json.dumps(settings), out_path]
+        # The worker stops itself at the limit; should a program's build or solve run
+        # over, it is killed just after (its proofs are written as they come: none is lost).
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(command, timeout=time_limit + 2, check=False, capture_output=True, env=_worker_env())
+        try:
+            with open(out_path) as handle:
+                return max(low, float(json.load(handle)["bound"]))
+        except (OSError, ValueError, KeyError):
+            return low
+
+
+def _worker_env() -> dict[str, str]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _worker(problem_path: str, settings_json: str, out_path: str) -> None:
+    settings = json.loads(settings_json)
+    with open(problem_path) as handle:
+        problem = Problem.model_validate_json(handle.read())
+    start = time.monotonic()
+
+    def write(value: float) -> None:
+        partial = out_path + ".part"
+        with open(partial, "w") as handle:
+            json.dump({"bound": value}, handle)
+        os.replace(partial, out_path)
+
+    bisect(
+        _data(problem),
+        settings["low"],
+        settings["high"],
+        deadline=start + settings["time_limit"],
+        step=settings["step"],
+        tolerance=settings["tolerance"],
+        threads=settings["threads"],
+        on_proof=write,
+    )
+
+
+if __name__ == "__main__":
+    _worker(*sys.argv[1:4])
