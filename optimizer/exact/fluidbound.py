@@ -186,9 +186,9 @@ def build_program(data: _Data, z: float, step: float) -> _Program | None:
         for k in range(samples):
             lp.row(-inf, step, [done[k + 1], done[k]], [1.0, -1.0])
             # Each class's k-th sample lies in [k * step, (k + 1) * step).
-            columns = [work[c][k] for c in mine]
-            lp.row(-inf, 0.0, [*columns, done[k + 1]], [1.0] * len(columns) + [-1.0])
-            lp.row(0.0, inf, [*columns, done[k]], [1.0] * len(columns) + [-1.0])
+            sampled = [work[c][k] for c in mine]
+            lp.row(-inf, 0.0, [*sampled, done[k + 1]], [1.0] * len(sampled) + [-1.0])
+            lp.row(0.0, inf, [*sampled, done[k]], [1.0] * len(sampled) + [-1.0])
         limit = data.limit[device]
         if math.isfinite(limit):
             for f in (c for c in mine if c[0] == "F"):
@@ -230,7 +230,9 @@ def _feasible(lp: _Program, time_limit: float, threads: int) -> bool | None:
     highs.setOptionValue("threads", threads)
     highs.setOptionValue("time_limit", max(0.1, time_limit))
     highs.addVars(len(lp.lower), np.array(lp.lower), np.array(lp.upper))
-    starts, columns, values = [], [], []
+    starts: list[int] = []
+    columns: list[int] = []
+    values: list[float] = []
     for _, _, cols, vals in lp.rows:
         starts.append(len(columns))
         columns.extend(cols)
