@@ -296,6 +296,12 @@ def solve(
     seed: int = typer.Option(0, help="Random seed of the optimizer."),
     threads: int = typer.Option(2, min=1, help="CP-SAT workers (fixed for repeatable runs)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress line on stderr."),
+    certify: float = typer.Option(
+        0.0,
+        "--certify",
+        min=0.0,
+        help="Seconds after --time-limit for the fluid bound (every device at once) to raise the lower bound and cut the gap.",
+    ),
     devices: int | None = typer.Option(None, "--devices", "-p", min=1, help="Layers file only: pipeline devices."),
     microbatches: int | None = typer.Option(None, "--microbatches", "-m", min=1, help="Layers file only: microbatches per iteration."),
     placement: str | None = typer.Option(None, help="Layers file only: linear (default) | interleaved:V | vshape."),
@@ -332,6 +338,7 @@ def solve(
 
     finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
+    finite_option("--certify", certify, high=MAX_TIME_LIMIT)
     finite_option("--memory-limit", memory_limit, low=0.0)
     barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
     check_outputs([output], [problem_file])
@@ -374,7 +381,11 @@ def solve(
     interrupted = False
     if method in ("auto", "cpsat", "milp"):
         schedule, interrupted = _optimize(loaded, method, time_limit, objective, solver, seed, threads, quiet)
+        if certify > 0 and not interrupted:
+            interrupted = _certify(schedule, objective, certify, quiet)
     else:
+        if certify > 0:
+            raise InputError(f"--certify: only with --method auto, cpsat or milp; {method} is a schedule family")
         from optimizer.schedules import generate
 
         schedule = generate(loaded, method)
@@ -398,6 +409,22 @@ def _vocab_barrier_choices(vocab_parallel: bool, barriers: str) -> tuple[int, ..
             raise InputError("--vocab-barriers: only with --vocab-parallel")
         return ()
     return choices[barriers]
+
+
+def _certify(schedule: Schedule, objective: str, seconds: float, quiet: bool) -> bool:
+    """Raise the schedule's lower bound with the fluid bound; whether Ctrl-C stopped it."""
+    from optimizer.exact.fluidbound import certify
+
+    if not schedule.metrics.gap:
+        return False
+    if not quiet:
+        print(f"certifying: the fluid bound for up to {seconds:g} s", file=sys.stderr)
+    try:
+        certify(schedule, objective, seconds)
+    except KeyboardInterrupt:
+        print("interrupted: writing the schedule with the bound it had", file=sys.stderr)
+        return True
+    return False
 
 
 def _optimize(

@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from optimizer.problem import Problem
+from optimizer.schedule import Schedule
 
 # Grid steps the default step aims at over the span being tested: the program has about
 # (3 classes per stage) x (stages) x (this many) samples of two variables each.
@@ -319,6 +320,23 @@ def fluid_bound(
                 return max(low, float(json.load(handle)["bound"]))
         except (OSError, ValueError, KeyError):
             return low
+
+
+def certify(schedule: Schedule, objective: str, seconds: float) -> bool:
+    """Raise `schedule`'s lower bound (and lower its gap) with the fluid bound, given
+    `seconds`; whether it rose. The bound holds for both objectives (see the module doc)."""
+    from optimizer.exact.incumbents import objective_value
+
+    metrics = schedule.metrics
+    if metrics.lower_bound is None or not metrics.gap or not applicable(schedule.problem):
+        return False
+    value = objective_value(schedule, objective)
+    raised = fluid_bound(schedule.problem, metrics.lower_bound, value, time_limit=seconds)
+    if raised <= metrics.lower_bound:
+        return False
+    metrics.lower_bound = raised
+    metrics.gap = max(0.0, (value - raised) / value)
+    return True
 
 
 def _worker_env() -> dict[str, str]:
