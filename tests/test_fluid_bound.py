@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import time
 
 import pytest
 from exact_brute_force import brute_force_optimum, count_orders
@@ -13,10 +14,14 @@ from typer.testing import CliRunner
 
 from benchmarks.published import published_problem, setting_named
 from optimizer.cli import app
+from optimizer.exact import portfolio
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.fluidbound import _data, applicable, build_program, fluid_bound
 from optimizer.exact.incumbents import objective_value
+from optimizer.exact.options import SolveOptions
 from optimizer.exact.spantiming import timed_for
+from optimizer.exact.timescale import integer_tables
+from optimizer.exact.tracker import Tracker
 from optimizer.formats.schedule_json import load_schedule
 from optimizer.schedules import GENERATORS
 
@@ -120,3 +125,26 @@ def test_solve_certify_refuses_bad_values(tmp_path, extra, message):
     assert result.exit_code == 2
     assert message in result.output
     assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.slow
+def test_the_auto_phase_raises_the_trackers_bound_and_skips_closed_gaps():
+    problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 3.0, "vshape")
+    assert portfolio._fluid_boundable(problem, SolveOptions(objective="span"))
+    incumbent = timed_for(problem, GENERATORS["v-auto"].build(problem), "span")
+    best = objective_value(incumbent, "span")
+    tracker = Tracker("span", 60.0)
+    tracker.offer(incumbent, "v-auto")
+    tracker.raise_bound(lower_bound(problem, "span").value, "static")
+    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, time.monotonic() + 30)
+    assert 0.98 * best * (1 - TOLERANCE) <= tracker.bound <= best * (1 + TOLERANCE)
+    # Within FLUID_MIN_GAP of the incumbent it does not start a worker at all.
+    closed = Tracker("span", 60.0)
+    closed.offer(incumbent, "v-auto")
+    closed.raise_bound(best * (1 - portfolio.FLUID_MIN_GAP / 2), "given")
+    started = time.monotonic()
+    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), closed, time.monotonic() + 30)
+    assert time.monotonic() - started < 0.5
+    assert closed.bound == best * (1 - portfolio.FLUID_MIN_GAP / 2)
+    # Eight devices on the V placement (48 classes) are left to `solve --certify`.
+    assert not portfolio._fluid_boundable(published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape"), SolveOptions())

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from optimizer.exact import devicebound, localsearch
+from optimizer.exact import devicebound, fluidbound, localsearch
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
 from optimizer.exact.incumbents import Candidate, candidate, generator_candidates
@@ -56,6 +56,15 @@ ORDER_SEARCH_SHARE = 0.6
 # it more: at 30 s on 4 devices (benchmarks/small_proofs.py) a 0.6 share left it too
 # little time to close cases the incumbent already solved.
 ORDER_SEARCH_SHARE_SMALL = 0.25
+# The fluid bound (every device at once) within `auto`: up to this many op classes
+# (3 per stage: p = 4 on the V placement, p = 8 linear), where one of its programs
+# takes seconds (about 5 s at p = 4, m = 8 on the V placement; a minute and more at
+# p = 8, m = 24, which `solve --certify` is for). It gets this share of the time left
+# when the relaxations leave more than FLUID_MIN_GAP open, and at least FLUID_MIN_SECONDS.
+FLUID_MAX_CLASSES = 24
+FLUID_SHARE = 0.3
+FLUID_MIN_GAP = 0.005
+FLUID_MIN_SECONDS = 5.0
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
@@ -302,6 +311,20 @@ def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOpt
     )
 
 
+def _fluid_boundable(problem: Problem, options: SolveOptions) -> bool:
+    return 3 * problem.num_stages <= FLUID_MAX_CLASSES and fluidbound.applicable(problem)
+
+
+def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
+    """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
+    seconds = until - time.monotonic()
+    best = tracker.best_value
+    if seconds < FLUID_MIN_SECONDS or best <= 0 or (best - tracker.bound) <= FLUID_MIN_GAP * best:
+        return
+    value = fluidbound.fluid_bound(problem, tracker.bound, best, time_limit=seconds, threads=options.threads)
+    tracker.raise_bound(value, "fluid bound: every device at once (optimizer.exact.fluidbound)")
+
+
 def periodic_patterns(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     """Offer unrolled periodic patterns, shortest period first, until one fits the limit."""
 
@@ -325,6 +348,9 @@ PHASES: tuple[Phase, ...] = (
     # 88.7 in minutes; under the span objective one device alone proves ZB-H1 optimal at
     # 1F1B's memory on Zero Bubble's settings.
     Phase("device relaxations (lower bound)", _relaxable, RELAXATION_SHARE, relaxation_bounds),
+    # What the relaxations of single devices and their neighbours leave open on the V
+    # placement is the devices together (p = 4, m = 8 at V-Half's memory: 12.7% -> 0.5%).
+    Phase("fluid bound (every device)", _fluid_boundable, FLUID_SHARE, fluid_bound),
     Phase("window search", _small, WINDOW_SHARE_SMALL, window_search),
     Phase("whole CP-SAT model", _small, 1.0, whole_model, needs_incumbent=False),
     Phase("periodic steady state", _large_unsliced, PERIODIC_SHARE, periodic_patterns),
