@@ -48,9 +48,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from optimizer.exact.bounds import device_tails, heads
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 
@@ -75,6 +77,11 @@ class _Data:
     memory: dict[str, tuple[float, ...]]
     limit: tuple[float, ...]
     links: tuple[float, ...]  # transfer after stage s's forward (and before its backward)
+    # Per class, each microbatch's earliest start (memory-aware) and least time from its
+    # end to the end of stage 0's device (-inf: no path), in microbatch order
+    # (optimizer.exact.bounds); empty: not used.
+    head: dict[Class, list[float]] = field(default_factory=dict)
+    tail: dict[Class, list[float]] = field(default_factory=dict)
 
 
 def applicable(problem: Problem) -> bool:
@@ -88,7 +95,8 @@ def applicable(problem: Problem) -> bool:
     return all(bw >= b + w - 1e-12 for bw, b, w in zip(t.backward, t.backward_input, t.backward_weight, strict=True))
 
 
-def _data(problem: Problem) -> _Data:
+def _data(problem: Problem, staircase: bool = True) -> _Data:
+    """The program's numbers; with `staircase` the per-microbatch heads and tails too."""
     t = problem.tables()
     S = problem.num_stages
     links = tuple(problem.comm_time if s + 1 < S and t.device[s] != t.device[s + 1] else 0.0 for s in range(S))
@@ -100,7 +108,13 @@ def _data(problem: Problem) -> _Data:
         memory={"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight},
         limit=t.limit,
         links=links,
+        head=_per_class(heads(problem, memory_aware=True)) if staircase else {},
+        tail=_per_class(device_tails(problem, t.device[0])) if staircase else {},
     )
+
+
+def _per_class(values: dict[str, list[list[float]]]) -> dict[Class, list[float]]:
+    return {(kind, s): list(row) for kind, rows in values.items() for s, row in enumerate(rows)}
 
 
 def _predecessors(data: _Data) -> dict[Class, list[tuple[Class, float]]]:
@@ -162,6 +176,24 @@ def build_program(data: _Data, z: float, step: float) -> _Program | None:
 
     lp = _Program([], [], [])
     started = {c: [lp.var(0.0, m) for _ in range(samples)] for c in classes}
+    for c, earliest in data.head.items():
+        # Ops of a class start in microbatch order (optimizer.exact.canonical), the j-th no
+        # sooner than its head: by time t at most #{j: head_j <= t} have started.
+        ordered = sorted(earliest)
+        for k, var in enumerate(started[c]):
+            lp.upper[var] = min(lp.upper[var], float(bisect_right(ordered, k * step + offset[c] + 1e-9)))
+    for c, least in data.tail.items():
+        # The j-th op of a class with a path to device 0's end starts by z - tail_j - duration.
+        for j, q in enumerate(sorted(least, reverse=True)):
+            if q == -math.inf:
+                continue
+            latest = z - q - duration[c]
+            if latest < 0:
+                return None
+            var = started[c][min(at_or_after(c, latest), samples - 1)]
+            lp.lower[var] = max(lp.lower[var], float(j + 1))
+            if lp.lower[var] > lp.upper[var]:
+                return None
     work = {c: [lp.var(0.0, m * duration[c]) for _ in range(samples)] for c in classes}
     for c in classes:
         n, w, d = started[c], work[c], duration[c]
