@@ -184,14 +184,14 @@ def build_program(data: _Data, z: float, step: float) -> _Program | None:
             lp.upper[var] = min(lp.upper[var], float(bisect_right(ordered, k * step + offset[c] + 1e-9)))
     for c, least in data.tail.items():
         # The j-th op of a class with a path to device 0's end starts by z - tail_j - duration.
-        for j, q in enumerate(sorted(least, reverse=True)):
+        for rank, q in enumerate(sorted(least, reverse=True)):
             if q == -math.inf:
                 continue
             latest = z - q - duration[c]
             if latest < 0:
                 return None
             var = started[c][min(at_or_after(c, latest), samples - 1)]
-            lp.lower[var] = max(lp.lower[var], float(j + 1))
+            lp.lower[var] = max(lp.lower[var], float(rank + 1))
             if lp.lower[var] > lp.upper[var]:
                 return None
     work = {c: [lp.var(0.0, m * duration[c]) for _ in range(samples)] for c in classes}
