@@ -8,7 +8,7 @@ keeps every device at once; its answer is a proof that no schedule is shorter th
 (the span objective, the first op at 0), whatever time `auto` was given.
 
 Columns: `auto`'s span at 60 s, the bound `auto` reported and its gap, the fluid bound
-and the gap it leaves, its grid step (ms) and seconds.
+and the gap it leaves, its grid step (ms; by default each tested Z / 1000) and seconds.
 
     python benchmarks/fluid_bounds.py [--seconds 300] [--only TEXT] [--step MS] [--output PATH]
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem, setting_named
 from benchmarks.saving import save_results
-from optimizer.exact.fluidbound import fluid_bound
+from optimizer.exact.fluidbound import DEFAULT_SAMPLES, fluid_bound
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCE = RESULTS / "published-60s.json"
@@ -54,9 +54,13 @@ def measure(row: dict, seconds: float, step: float | None) -> dict:
         "auto_gap": 1 - auto["lower_bound"] / auto["span"],
         "fluid_bound": value,
         "fluid_gap": 1 - value / auto["span"],
-        "step": step if step else auto["span"] / 1000,
+        "step": step,  # None: each tested Z / DEFAULT_SAMPLES
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def _step(step: float | None) -> str:
+    return f"{step:g}" if step else f"Z/{DEFAULT_SAMPLES}"
 
 
 def table(rows: list[dict], seconds: float) -> str:
@@ -65,13 +69,13 @@ def table(rows: list[dict], seconds: float) -> str:
         f"{platform.machine()} ({platform.processor() or 'cpu'}). Span and `auto`'s bound: `auto` at 60 s "
         "(published-60s.json), objective the longest device span.",
         "",
-        "| case | auto span | auto's bound | gap | fluid bound | gap | step ms | s |",
+        "| case | auto span | auto's bound | gap | fluid bound | gap | grid step (ms) | s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['span']:.1f} | {r['auto_bound']:.1f} | {100 * r['auto_gap']:.2f}% | "
-            f"{r['fluid_bound']:.1f} | {100 * r['fluid_gap']:.2f}% | {r['step']:.2f} | {r['seconds']:.0f} |"
+            f"{r['fluid_bound']:.1f} | {100 * r['fluid_gap']:.2f}% | {_step(r['step'])} | {r['seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
