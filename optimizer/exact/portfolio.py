@@ -65,6 +65,9 @@ FLUID_MAX_CLASSES = 24
 FLUID_SHARE = 0.3
 FLUID_MIN_GAP = 0.005
 FLUID_MIN_SECONDS = 5.0
+# Its grid inside `auto`: the tested span over this many steps, half the default, which
+# halves a program's size and time for a bound a little lower (fluidbound.DEFAULT_SAMPLES).
+FLUID_SAMPLES = 500
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
@@ -321,7 +324,7 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     best = tracker.best_value
     if seconds < FLUID_MIN_SECONDS or best <= 0 or (best - tracker.bound) <= FLUID_MIN_GAP * best:
         return
-    value = fluidbound.fluid_bound(problem, tracker.bound, best, time_limit=seconds, threads=options.threads)
+    value = fluidbound.fluid_bound(problem, tracker.bound, best, time_limit=seconds, step=best / FLUID_SAMPLES, threads=options.threads)
     tracker.raise_bound(value, "fluid bound: every device at once (optimizer.exact.fluidbound)")
 
 
