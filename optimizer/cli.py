@@ -346,6 +346,9 @@ def solve(
     if is_layers_data(data):
         from optimizer.balance_report import solve_layers
 
+        if certify > 0:
+            raise InputError(f"--certify: only for a problem file; {problem_file} is a layers file")
+
         with interrupts_deferred():
             from optimizer.exact import SolveOptions
         options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)

@@ -149,3 +149,12 @@ def test_the_auto_phase_raises_the_trackers_bound_and_skips_closed_gaps():
     assert closed.bound == best * (1 - portfolio.FLUID_MIN_GAP / 2)
     # Eight devices on the V placement (48 classes) are left to `solve --certify`.
     assert not portfolio._fluid_boundable(published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape"), SolveOptions())
+
+
+def test_solve_certify_refuses_a_layers_file(tmp_path):
+    layers = tmp_path / "layers.json"
+    assert runner.invoke(app, ["layers", "--blocks", "8", "--vocab", "128000", "-o", str(layers)]).exit_code == 0
+    result = runner.invoke(app, ["solve", str(layers), "-p", "4", "-m", "8", "--certify", "5", "-o", str(tmp_path / "s.json")])
+    assert result.exit_code == 2
+    assert "--certify: only for a problem file" in result.output
+    assert not (tmp_path / "s.json").exists()
