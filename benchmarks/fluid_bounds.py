@@ -8,7 +8,8 @@ keeps every device at once; its answer is a proof that no schedule is shorter th
 (the span objective, the first op at 0), whatever time `auto` was given.
 
 Columns: `auto`'s span at 60 s, the bound `auto` reported and its gap, the fluid bound
-and the gap it leaves, its grid step (ms; by default each tested Z / 1000) and seconds.
+and the gap it leaves, its grid step (ms; default: each tested Z over
+fluidbound.default_samples, 1000 steps at p = 8 on the V placement) and seconds.
 
     python benchmarks/fluid_bounds.py [--seconds 300] [--only TEXT] [--step MS] [--output PATH]
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem, setting_named
 from benchmarks.saving import save_results
-from optimizer.exact.fluidbound import DEFAULT_SAMPLES, fluid_bound
+from optimizer.exact.fluidbound import fluid_bound
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCE = RESULTS / "published-60s.json"
@@ -54,13 +55,13 @@ def measure(row: dict, seconds: float, step: float | None) -> dict:
         "auto_gap": 1 - auto["lower_bound"] / auto["span"],
         "fluid_bound": value,
         "fluid_gap": 1 - value / auto["span"],
-        "step": step,  # None: each tested Z / DEFAULT_SAMPLES
+        "step": step,  # None: each tested Z / fluidbound.default_samples
         "seconds": round(time.monotonic() - started, 1),
     }
 
 
 def _step(step: float | None) -> str:
-    return f"{step:g}" if step else f"Z/{DEFAULT_SAMPLES}"
+    return f"{step:g}" if step else "default"
 
 
 def table(rows: list[dict], seconds: float) -> str:
@@ -84,7 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=300.0, help="time per case (default 300)")
     parser.add_argument("--only", default="", help="only cases whose name contains this text")
-    parser.add_argument("--step", type=float, default=None, help="grid step in ms (default: the span / 1000)")
+    parser.add_argument(
+        "--step", type=float, default=None, help="grid step in ms (default: the tested span over fluidbound.default_samples)"
+    )
     parser.add_argument("--source", type=Path, default=SOURCE, help="the published suite's results to bound")
     parser.add_argument("--output", type=Path, default=RESULTS / "fluid_bounds.json")
     args = parser.parse_args()

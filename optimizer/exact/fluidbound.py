@@ -20,7 +20,7 @@ all devices and counts microbatches as flows:
   device of stage 0 ends by Z only if all its classes have started m ops by Z minus
   their duration.
 
-Time is sampled on a grid of step dt; each class on the grid shifted by its head modulo
+Time is sampled on a grid of step dt (`default_samples`); each class on the grid shifted by its head modulo
 dt, so the chain of forwards and backwards (each class aligned with its critical
 predecessor) loses nothing to rounding. Rounding always goes the relaxing way (a count
 bounded from above by the next sample, from below by the previous one), so for a given
@@ -56,9 +56,20 @@ from optimizer.exact.bounds import device_tails, heads
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 
-# Grid steps the default step aims at over the span being tested: the program has about
-# (3 classes per stage) x (stages) x (this many) samples of two variables each.
-DEFAULT_SAMPLES = 1000
+# Grid steps over the span being tested, by default: the program has two variables per
+# class (3 per stage) and sample, so the samples shrink as the classes grow, keeping the
+# started counts near SAMPLE_BUDGET: 1000 steps up to 48 classes (p = 8 on the V
+# placement: a program takes about a minute on 2 cores), 500 at p = 16, 250 at p = 32.
+SAMPLE_BUDGET = 48_000
+MAX_SAMPLES = 1000
+MIN_SAMPLES = 200
+
+
+def default_samples(num_classes: int) -> int:
+    """Grid steps over the tested span for a problem of `num_classes` op classes."""
+    return max(MIN_SAMPLES, min(MAX_SAMPLES, SAMPLE_BUDGET // max(1, num_classes)))
+
+
 # A proof is reported this much (relative) below the Z the solver refuted, for the
 # solver's feasibility tolerance.
 SAFETY = 1e-6
@@ -308,7 +319,7 @@ def bisect(
     while high - low > tolerance * high and time.monotonic() < deadline:
         z = probe if low < probe < high else (low + high) / 2
         probe = -1.0
-        lp = build_program(data, z, step or z / DEFAULT_SAMPLES)
+        lp = build_program(data, z, step or z / default_samples(3 * data.num_stages))
         answer = False if lp is None else _feasible(lp, deadline - time.monotonic(), threads)
         if answer is None:
             break

@@ -66,7 +66,7 @@ FLUID_SHARE = 0.3
 FLUID_MIN_GAP = 0.005
 FLUID_MIN_SECONDS = 5.0
 # Its grid inside `auto`: the tested span over this many steps, half the default, which
-# halves a program's size and time for a bound a little lower (fluidbound.DEFAULT_SAMPLES).
+# halves a program's size and time for a bound a little lower (fluidbound.default_samples).
 FLUID_SAMPLES = 500
 
 
