@@ -158,3 +158,16 @@ def test_solve_certify_refuses_a_layers_file(tmp_path):
     assert result.exit_code == 2
     assert "--certify: only for a problem file" in result.output
     assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.slow
+def test_only_above_probe_gives_up_where_two_percent_fits():
+    # V-Min's memory on 4 devices (1.5B, m = 8): the optimum is 531.5, the fluid relaxation
+    # reaches about 491 (memory's discreteness, which it relaxes, is what binds), so its
+    # program fits at 2% below the optimum. Inside `auto` that one program is all it
+    # spends; bisecting on raises the bound above the static one.
+    problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 2.0, "vshape")
+    static = lower_bound(problem, "span").value
+    assert fluid_bound(problem, static, 531.5, time_limit=60, step=531.5 / 500, only_above_probe=True) == static
+    raised = fluid_bound(problem, static, 531.5, time_limit=60, step=531.5 / 500, tolerance=0.05)
+    assert static < raised <= 531.5

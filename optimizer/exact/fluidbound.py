@@ -309,20 +309,24 @@ def bisect(
     tolerance: float = 0.002,
     threads: int = 2,
     on_proof: Callable[[float], None] = lambda value: None,
+    only_above_probe: bool = False,
 ) -> float:
     """The highest Z in [low, high] proven (every schedule's device-0 span is above it),
     `low` if none; stops when high - low is within `tolerance` (relative) or at `deadline`.
 
     The first probe is at 1 - 2% of `high`: one refutation there already settles a 2% gap.
+    With `only_above_probe` a feasible first probe ends the search (where the relaxation is
+    weak, as at V-Min's memory, the time is better left to other bounds).
     """
     probe = max(low, high * 0.98)
+    first = True
     while high - low > tolerance * high and time.monotonic() < deadline:
-        z = probe if low < probe < high else (low + high) / 2
-        probe = -1.0
+        z = probe if first and low < probe < high else (low + high) / 2
         lp = build_program(data, z, step or z / default_samples(3 * data.num_stages))
         answer = False if lp is None else _feasible(lp, deadline - time.monotonic(), threads)
-        if answer is None:
+        if answer is None or (answer and first and only_above_probe):
             break
+        first = False
         if answer:
             high = z
         else:
@@ -340,6 +344,7 @@ def fluid_bound(
     step: float | None = None,
     tolerance: float = 0.002,
     threads: int = 2,
+    only_above_probe: bool = False,
 ) -> float:
     """`bisect` on `problem` in a fresh process; `low` when nothing above it was proven.
 
@@ -352,7 +357,15 @@ def fluid_bound(
         out_path = os.path.join(folder, "bound.json")
         with open(problem_path, "w") as handle:
             handle.write(problem.model_dump_json())
-        settings = {"low": low, "high": high, "time_limit": time_limit, "step": step, "tolerance": tolerance, "threads": threads}
+        settings = {
+            "low": low,
+            "high": high,
+            "time_limit": time_limit,
+            "step": step,
+            "tolerance": tolerance,
+            "threads": threads,
+            "only_above_probe": only_above_probe,
+        }
         command = [sys.executable, "-m", "optimizer.exact.fluidbound", problem_path, json.dumps(settings), out_path]
         # The worker stops itself at the limit; should a program's build or solve run
         # over, it is killed just after (its proofs are written as they come: none is lost).
@@ -410,6 +423,7 @@ def _worker(problem_path: str, settings_json: str, out_path: str) -> None:
         tolerance=settings["tolerance"],
         threads=settings["threads"],
         on_proof=write,
+        only_above_probe=settings["only_above_probe"],
     )
 
 
