@@ -52,7 +52,8 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from optimizer.exact.bounds import device_tails, heads
+from optimizer.exact.bounds import _links, device_tails, heads
+from optimizer.exact.canonical import fusing_can_win
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 
@@ -102,23 +103,21 @@ def applicable(problem: Problem) -> bool:
     t = problem.tables()
     if any(v < 0 for v in t.mem_forward) or any(v > 0 for v in t.mem_backward_input + t.mem_backward_weight):
         return False
-    # A fused backward shorter than B then W could beat every split schedule.
-    return all(bw >= b + w - 1e-12 for bw, b, w in zip(t.backward, t.backward_input, t.backward_weight, strict=True))
+    # Where a fused backward can win, it could beat every split schedule.
+    return not any(fusing_can_win(t, s) for s in range(problem.num_stages))
 
 
 def _data(problem: Problem, staircase: bool = True) -> _Data:
     """The program's numbers; with `staircase` the per-microbatch heads and tails too."""
     t = problem.tables()
-    S = problem.num_stages
-    links = tuple(problem.comm_time if s + 1 < S and t.device[s] != t.device[s + 1] else 0.0 for s in range(S))
     return _Data(
-        num_stages=S,
+        num_stages=problem.num_stages,
         num_microbatches=problem.num_microbatches,
         device=t.device,
         duration={"F": t.forward, "B": t.backward_input, "W": t.backward_weight},
         memory={"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight},
         limit=t.limit,
-        links=links,
+        links=tuple(_links(problem)),
         head=_per_class(heads(problem, memory_aware=True)) if staircase else {},
         tail=_per_class(device_tails(problem, t.device[0])) if staircase else {},
     )
