@@ -147,8 +147,23 @@ def test_the_auto_phase_raises_the_trackers_bound_and_skips_closed_gaps():
     portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), closed, time.monotonic() + 30)
     assert time.monotonic() - started < 0.5
     assert closed.bound == best * (1 - portfolio.FLUID_MIN_GAP / 2)
-    # Eight devices on the V placement (48 classes) are left to `solve --certify`.
-    assert not portfolio._fluid_boundable(published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape"), SolveOptions())
+
+
+@pytest.mark.slow
+def test_the_auto_phase_settles_two_percent_on_eight_devices():
+    # Zero Bubble's 1.5B setting on the V placement at V-Half's memory: the device
+    # relaxations leave 9.7% open at 60 s; the phase's coarser grid still refutes 2% below
+    # v-auto's span within its first program.
+    problem = published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape")
+    assert portfolio._fluid_boundable(problem, SolveOptions(objective="span"))
+    incumbent = timed_for(problem, GENERATORS["v-auto"].build(problem), "span")
+    best = objective_value(incumbent, "span")
+    tracker = Tracker("span", 60.0)
+    tracker.offer(incumbent, "v-auto")
+    tracker.raise_bound(lower_bound(problem, "span").value, "static")
+    assert tracker.bound < 0.95 * best
+    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, time.monotonic() + 40)
+    assert 0.98 * best * (1 - 2 * TOLERANCE) <= tracker.bound <= best * (1 + TOLERANCE)
 
 
 def test_solve_certify_refuses_a_layers_file(tmp_path):

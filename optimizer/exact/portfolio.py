@@ -56,18 +56,16 @@ ORDER_SEARCH_SHARE = 0.6
 # it more: at 30 s on 4 devices (benchmarks/small_proofs.py) a 0.6 share left it too
 # little time to close cases the incumbent already solved.
 ORDER_SEARCH_SHARE_SMALL = 0.25
-# The fluid bound (every device at once) within `auto`: up to this many op classes
-# (3 per stage: p = 4 on the V placement, p = 8 linear), where one of its programs
-# takes seconds (about 5 s at p = 4, m = 8 on the V placement; a minute and more at
-# p = 8, m = 24, which `solve --certify` is for). It gets this share of the time left
-# when the relaxations leave more than FLUID_MIN_GAP open, and at least FLUID_MIN_SECONDS.
-FLUID_MAX_CLASSES = 24
+# The fluid bound (every device at once) within `auto`, on a grid half as fine as
+# `solve --certify`'s (FLUID_BUDGET started counts: 1000 steps on 4 devices of the V
+# placement, 500 at p = 8, 250 at p = 16, 125 at p = 32), where one program takes
+# 2-5 s on 2 cores and still refutes 2% below `auto`'s span on V-Half's and p's memory
+# at p = 8 and 16. It gets this share of the time left when the bound leaves more than
+# FLUID_MIN_GAP open, and at least FLUID_MIN_SECONDS.
+FLUID_BUDGET = 24_000
 FLUID_SHARE = 0.3
 FLUID_MIN_GAP = 0.005
 FLUID_MIN_SECONDS = 5.0
-# Its grid inside `auto`: the tested span over this many steps, half the default, which
-# halves a program's size and time for a bound a little lower (fluidbound.default_samples).
-FLUID_SAMPLES = 500
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
@@ -315,7 +313,7 @@ def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOpt
 
 
 def _fluid_boundable(problem: Problem, options: SolveOptions) -> bool:
-    return 3 * problem.num_stages <= FLUID_MAX_CLASSES and fluidbound.applicable(problem)
+    return fluidbound.applicable(problem)
 
 
 def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
@@ -325,7 +323,13 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     if seconds < FLUID_MIN_SECONDS or best <= 0 or (best - tracker.bound) <= FLUID_MIN_GAP * best:
         return
     value = fluidbound.fluid_bound(
-        problem, tracker.bound, best, time_limit=seconds, step=best / FLUID_SAMPLES, threads=options.threads, only_above_probe=True
+        problem,
+        tracker.bound,
+        best,
+        time_limit=seconds,
+        step=best / fluidbound.default_samples(3 * problem.num_stages, FLUID_BUDGET),
+        threads=options.threads,
+        only_above_probe=True,
     )
     tracker.raise_bound(value, "fluid bound: every device at once (optimizer.exact.fluidbound)")
 
