@@ -56,14 +56,18 @@ ORDER_SEARCH_SHARE = 0.6
 # it more: at 30 s on 4 devices (benchmarks/small_proofs.py) a 0.6 share left it too
 # little time to close cases the incumbent already solved.
 ORDER_SEARCH_SHARE_SMALL = 0.25
-# The fluid bound (every device at once) within `auto`, on a grid half as fine as
-# `solve --certify`'s (FLUID_BUDGET started counts: 1000 steps on 4 devices of the V
-# placement, 500 at p = 8, 250 at p = 16, 125 at p = 32), where one program takes
-# 2-5 s on 2 cores and still refutes 2% below `auto`'s span on V-Half's and p's memory
-# at p = 8 and 16. It gets this share of the time left when the bound leaves more than
-# FLUID_MIN_GAP open, and at least FLUID_MIN_SECONDS.
+# The fluid bound (every device at once) within `auto`: the span over at least
+# FLUID_SAMPLES steps whatever the size (a program's rounding loss depends on the steps
+# over the span more than on the step against the ops: 250 steps refuted 2% below `auto`'s
+# span at V-Half's memory from p = 8 to 32, 150-180 did not), more where programs are small
+# (FLUID_BUDGET started counts: 1000 steps on 4 devices of the V placement, 500 at p = 8).
+# A program then takes 1-4 s at p = 8 on the V placement and 10-20 s at p = 32 on 2 cores.
+# It gets this share of the time left (the device relaxations after it rarely raise the
+# bound at p >= 8) when the bound leaves more than FLUID_MIN_GAP open, and at least
+# FLUID_MIN_SECONDS.
+FLUID_SAMPLES = 300
 FLUID_BUDGET = 24_000
-FLUID_SHARE = 0.3
+FLUID_SHARE = 0.5
 FLUID_MIN_GAP = 0.005
 FLUID_MIN_SECONDS = 5.0
 
@@ -327,7 +331,7 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
         tracker.bound,
         best,
         time_limit=seconds,
-        step=best / fluidbound.default_samples(3 * problem.num_stages, FLUID_BUDGET),
+        step=best / max(FLUID_SAMPLES, fluidbound.default_samples(3 * problem.num_stages, FLUID_BUDGET)),
         threads=options.threads,
         only_above_probe=True,
     )
@@ -358,7 +362,7 @@ PHASES: tuple[Phase, ...] = (
     # 1F1B's memory on Zero Bubble's settings.
     # What the relaxations of single devices and their neighbours leave open on the V
     # placement at V-Half's memory and at p is the devices together (p = 4, m = 8 at
-    # V-Half's: 12.7% -> 0.5%). One program first: where it cannot refute 2% below the
+    # V-Half's: 12.7% -> 0.5%). One program first: where it cannot refute 1.5% below the
     # incumbent (V-Min's memory, where memory's discreteness binds) the relaxations get
     # the time.
     Phase("fluid bound (every device)", _fluid_boundable, FLUID_SHARE, fluid_bound),
