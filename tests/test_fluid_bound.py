@@ -128,15 +128,20 @@ def test_solve_certify_refuses_bad_values(tmp_path, extra, message):
     assert not (tmp_path / "s.json").exists()
 
 
-@pytest.mark.slow
-def test_the_auto_phase_raises_the_trackers_bound_and_skips_closed_gaps():
-    problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 3.0, "vshape")
+def _v_auto_tracker(problem):
+    """A span Tracker holding v-auto's schedule of `problem` and the static bound."""
     assert portfolio._fluid_boundable(problem, SolveOptions(objective="span"))
     incumbent = timed_for(problem, GENERATORS["v-auto"].build(problem), "span")
-    best = objective_value(incumbent, "span")
     tracker = Tracker("span", 60.0)
     tracker.offer(incumbent, "v-auto")
     tracker.raise_bound(lower_bound(problem, "span").value, "static")
+    return incumbent, objective_value(incumbent, "span"), tracker
+
+
+@pytest.mark.slow
+def test_the_auto_phase_raises_the_trackers_bound_and_skips_closed_gaps():
+    problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 3.0, "vshape")
+    incumbent, best, tracker = _v_auto_tracker(problem)
     portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, time.monotonic() + 20)
     assert (1 - FIRST_PROBE) * best * (1 - TOLERANCE) <= tracker.bound <= best * (1 + TOLERANCE)
     # Within FLUID_MIN_GAP of the incumbent it does not start a worker at all.
@@ -155,12 +160,7 @@ def test_the_auto_phase_settles_the_gap_on_eight_devices():
     # relaxations leave 9.7% open at 60 s; the phase's coarser grid still refutes 1.5% below
     # v-auto's span within its first program.
     problem = published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape")
-    assert portfolio._fluid_boundable(problem, SolveOptions(objective="span"))
-    incumbent = timed_for(problem, GENERATORS["v-auto"].build(problem), "span")
-    best = objective_value(incumbent, "span")
-    tracker = Tracker("span", 60.0)
-    tracker.offer(incumbent, "v-auto")
-    tracker.raise_bound(lower_bound(problem, "span").value, "static")
+    _, best, tracker = _v_auto_tracker(problem)
     assert tracker.bound < 0.95 * best
     portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, time.monotonic() + 40)
     assert (1 - FIRST_PROBE) * best * (1 - TOLERANCE) <= tracker.bound <= best * (1 + TOLERANCE)
