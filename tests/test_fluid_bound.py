@@ -130,10 +130,7 @@ def test_solve_certify_refuses_bad_values(tmp_path, extra, message):
 
 def _v_auto_tracker(problem):
     """A span Tracker holding v-auto's schedule of `problem` and the static bound."""
-    options = SolveOptions(objective="span")
-    assert [phase.share for phase in portfolio.PHASES if phase.run is portfolio.fluid_bound and phase.applies(problem, options)] == [
-        portfolio.FLUID_SHARE_SMALL if problem.num_ops <= portfolio.FULL_MODEL_OPS else portfolio.FLUID_SHARE
-    ]
+    assert portfolio._fluid_boundable(problem, SolveOptions(objective="span"))
     incumbent = timed_for(problem, GENERATORS["v-auto"].build(problem), "span")
     tracker = Tracker("span", 60.0)
     tracker.offer(incumbent, "v-auto")

@@ -61,15 +61,13 @@ ORDER_SEARCH_SHARE_SMALL = 0.25
 # over the span more than on the step against the ops: 250 steps refuted 2% below `auto`'s
 # span at V-Half's memory from p = 8 to 32, 150-180 did not), more where programs are small
 # (FLUID_BUDGET started counts: 1000 steps on 4 devices of the V placement, 500 at p = 8).
-# A program then takes 1-4 s at p = 8 on the V placement, 5 s at p = 16 and 15-20 s at
-# p = 32 on 2 cores (more than the time `auto` has left at 60 s there: `solve --certify`).
-# It gets a share of the time left (the device relaxations after it rarely raise the bound
-# at p >= 8; on problems the whole model takes, the exact models prove more with the time)
-# when the bound leaves more than FLUID_MIN_GAP open, and at least FLUID_MIN_SECONDS.
+# A program then takes 1-4 s at p = 8 on the V placement and 10-20 s at p = 32 on 2 cores.
+# It gets this share of the time left (the device relaxations after it rarely raise the
+# bound at p >= 8) when the bound leaves more than FLUID_MIN_GAP open, and at least
+# FLUID_MIN_SECONDS.
 FLUID_SAMPLES = 300
 FLUID_BUDGET = 24_000
 FLUID_SHARE = 0.5
-FLUID_SHARE_SMALL = 0.3
 FLUID_MIN_GAP = 0.005
 FLUID_MIN_SECONDS = 5.0
 
@@ -318,17 +316,12 @@ def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOpt
     )
 
 
-def _fluid_boundable_small(problem: Problem, options: SolveOptions) -> bool:
-    return _small(problem, options) and fluidbound.applicable(problem)
-
-
-def _fluid_boundable_large(problem: Problem, options: SolveOptions) -> bool:
-    return _large(problem, options) and fluidbound.applicable(problem)
+def _fluid_boundable(problem: Problem, options: SolveOptions) -> bool:
+    return fluidbound.applicable(problem)
 
 
 def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
-    samples = max(FLUID_SAMPLES, fluidbound.default_samples(3 * problem.num_stages, FLUID_BUDGET))
     seconds = until - time.monotonic()
     best = tracker.best_value
     if seconds < FLUID_MIN_SECONDS or best <= 0 or (best - tracker.bound) <= FLUID_MIN_GAP * best:
@@ -338,7 +331,7 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
         tracker.bound,
         best,
         time_limit=seconds,
-        step=best / samples,
+        step=best / max(FLUID_SAMPLES, fluidbound.default_samples(3 * problem.num_stages, FLUID_BUDGET)),
         threads=options.threads,
         only_above_probe=True,
     )
@@ -372,8 +365,7 @@ PHASES: tuple[Phase, ...] = (
     # V-Half's: 12.7% -> 0.5%). One program first: where it cannot refute 1.5% below the
     # incumbent (V-Min's memory, where memory's discreteness binds) the relaxations get
     # the time.
-    Phase("fluid bound (every device)", _fluid_boundable_small, FLUID_SHARE_SMALL, fluid_bound),
-    Phase("fluid bound (every device)", _fluid_boundable_large, FLUID_SHARE, fluid_bound),
+    Phase("fluid bound (every device)", _fluid_boundable, FLUID_SHARE, fluid_bound),
     Phase("device relaxations (lower bound)", _relaxable, RELAXATION_SHARE, relaxation_bounds),
     Phase("window search", _small, WINDOW_SHARE_SMALL, window_search),
     Phase("whole CP-SAT model", _small, 1.0, whole_model, needs_incumbent=False),
