@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from benchmarks.published import published_problem, setting_named
 from optimizer.cli import app
-from optimizer.exact import portfolio
+from optimizer.exact import fluidbound, portfolio
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.fluidbound import FIRST_PROBE, _data, applicable, build_program, fluid_bound
 from optimizer.exact.incumbents import objective_value
@@ -61,6 +61,29 @@ def test_a_cut_off_run_keeps_its_low_end():
     problem = published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape")
     # Far too little time to build and solve one program: nothing is proven.
     assert fluid_bound(problem, 123.0, 2000.0, time_limit=0.01) == 123.0
+
+
+def test_a_program_without_a_verdict_proves_nothing_and_the_bisection_goes_on(monkeypatch):
+    # The interior point method sometimes stops with neither verdict (no crossover). Such
+    # an answer must neither end the search nor count as a proof: here the programs above
+    # 100 have no verdict and those at or below 90 are refuted, so the bisection from
+    # [50, 200] must come down past the silent ones and prove a Z in (88, 90].
+    problem = random_problem(random.Random(3), 2, 2, "vshape", limit=1.0, decimals=2)
+    tested: list[float] = []
+
+    def verdict(z: float) -> bool | None:
+        tested.append(z)
+        return None if z > 100 else z > 90
+
+    monkeypatch.setattr(fluidbound, "build_program", lambda data, z, step: z)
+    monkeypatch.setattr(fluidbound, "_feasible", lambda lp, seconds, threads: verdict(lp))
+    proofs: list[float] = []
+    value = fluidbound.bisect(_data(problem), 50.0, 200.0, deadline=time.monotonic() + 30, tolerance=0.01, on_proof=proofs.append)
+    assert any(z > 100 for z in tested)
+    assert 88.0 < value <= 90.0
+    assert proofs and max(proofs) == value
+    # With `only_above_probe` a first probe without a verdict ends it, proving nothing.
+    assert fluidbound.bisect(_data(problem), 50.0, 200.0, deadline=time.monotonic() + 30, only_above_probe=True) == 50.0
 
 
 def test_below_every_duration_no_schedule_fits():

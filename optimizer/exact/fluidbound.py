@@ -330,10 +330,12 @@ def bisect(
         z = probe if first and low < probe < high else (low + high) / 2
         lp = build_program(data, z, step or z / default_samples(3 * data.num_stages))
         answer = False if lp is None else _feasible(lp, deadline - time.monotonic(), threads)
-        if answer is None or (answer and first and only_above_probe):
+        # No answer before the deadline ends the search; one without a verdict (the
+        # interior point method stalls on some programs) proves nothing, like a feasible one.
+        if (answer is None and time.monotonic() >= deadline) or (answer is not False and first and only_above_probe):
             break
         first = False
-        if answer:
+        if answer is not False:
             high = z
         else:
             low = z * (1 - SAFETY)
