@@ -51,7 +51,7 @@ import tempfile
 import time
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from optimizer.exact.bounds import _links, device_tails, heads
 from optimizer.exact.canonical import fusing_can_win
@@ -67,9 +67,9 @@ MAX_SAMPLES = 1000
 MIN_SAMPLES = 100
 
 
-def default_samples(num_classes: int, budget: int = SAMPLE_BUDGET) -> int:
-    """Grid steps over the tested span for a problem of `num_classes` op classes."""
-    return max(MIN_SAMPLES, min(MAX_SAMPLES, budget // max(1, num_classes)))
+def default_samples(num_stages: int, budget: int = SAMPLE_BUDGET) -> int:
+    """Grid steps over the tested span for a problem of `num_stages` stages (3 op classes each)."""
+    return max(MIN_SAMPLES, min(MAX_SAMPLES, budget // max(1, 3 * num_stages)))
 
 
 # The bisection's first probe, this far (relative) below the known schedule: one
@@ -97,9 +97,9 @@ class _Data:
     links: tuple[float, ...]  # transfer after stage s's forward (and before its backward)
     # Per class, each microbatch's earliest start (memory-aware) and least time from its
     # end to the end of stage 0's device (-inf: no path), in microbatch order
-    # (optimizer.exact.bounds); empty: not used.
-    head: dict[Class, list[float]] = field(default_factory=dict)
-    tail: dict[Class, list[float]] = field(default_factory=dict)
+    # (optimizer.exact.bounds).
+    head: dict[Class, list[float]]
+    tail: dict[Class, list[float]]
 
 
 def applicable(problem: Problem) -> bool:
@@ -113,8 +113,8 @@ def applicable(problem: Problem) -> bool:
     return not any(fusing_can_win(t, s) for s in range(problem.num_stages))
 
 
-def _data(problem: Problem, staircase: bool = True) -> _Data:
-    """The program's numbers; with `staircase` the per-microbatch heads and tails too."""
+def _data(problem: Problem) -> _Data:
+    """The program's numbers, with the per-microbatch heads and tails."""
     t = problem.tables()
     return _Data(
         num_stages=problem.num_stages,
@@ -124,8 +124,8 @@ def _data(problem: Problem, staircase: bool = True) -> _Data:
         memory={"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight},
         limit=t.limit,
         links=tuple(_links(problem)),
-        head=_per_class(heads(problem, memory_aware=True)) if staircase else {},
-        tail=_per_class(device_tails(problem, t.device[0])) if staircase else {},
+        head=_per_class(heads(problem, memory_aware=True)),
+        tail=_per_class(device_tails(problem, t.device[0])),
     )
 
 
@@ -231,10 +231,8 @@ def build_program(data: _Data, z: float, step: float) -> _Program | None:
         lp.row(-inf, 0.0, [done[0]], [1.0])
         for k in range(samples):
             lp.row(-inf, step, [done[k + 1], done[k]], [1.0, -1.0])
-            ended = [(c, at_or_before(c, k * step + offset[c] - duration[c])) for c in mine]
-            ended_columns = [started[c][j] for c, j in ended if j is not None]
-            ended_work = [duration[c] for c, j in ended if j is not None]
-            lp.row(-inf, 0.0, [*ended_columns, done[k + 1]], [*ended_work, -1.0])
+            ended = [(c, j) for c in mine if (j := at_or_before(c, k * step + offset[c] - duration[c])) is not None]
+            lp.row(-inf, 0.0, [*(started[c][j] for c, j in ended), done[k + 1]], [*(duration[c] for c, _ in ended), -1.0])
             lp.row(0.0, inf, [*(started[c][k] for c in mine), done[k]], [*(duration[c] for c in mine), -1.0])
         limit = data.limit[device]
         if math.isfinite(limit):
@@ -328,11 +326,12 @@ def bisect(
     first = True
     while high - low > tolerance * high and time.monotonic() < deadline:
         z = probe if first and low < probe < high else (low + high) / 2
-        lp = build_program(data, z, step or z / default_samples(3 * data.num_stages))
+        lp = build_program(data, z, step or z / default_samples(data.num_stages))
         answer = False if lp is None else _feasible(lp, deadline - time.monotonic(), threads)
-        # No answer before the deadline ends the search; one without a verdict (the
-        # interior point method stalls on some programs) proves nothing, like a feasible one.
-        if (answer is None and time.monotonic() >= deadline) or (answer is not False and first and only_above_probe):
+        # An answer without a verdict (the time ran out, or the interior point method
+        # stalled) proves nothing, like a feasible one; the loop's condition ends the search
+        # at the deadline.
+        if answer is not False and first and only_above_probe:
             break
         first = False
         if answer is not False:

@@ -331,7 +331,7 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
         tracker.bound,
         best,
         time_limit=seconds,
-        step=best / max(FLUID_SAMPLES, fluidbound.default_samples(3 * problem.num_stages, FLUID_BUDGET)),
+        step=best / max(FLUID_SAMPLES, fluidbound.default_samples(problem.num_stages, FLUID_BUDGET)),
         threads=options.threads,
         only_above_probe=True,
     )
