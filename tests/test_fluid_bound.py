@@ -82,8 +82,52 @@ def test_a_program_without_a_verdict_proves_nothing_and_the_bisection_goes_on(mo
     assert any(z > 100 for z in tested)
     assert 88.0 < value <= 90.0
     assert proofs and max(proofs) == value
-    # With `only_above_probe` a first probe without a verdict ends it, proving nothing.
-    assert fluidbound.bisect(_data(problem), 50.0, 200.0, deadline=time.monotonic() + 30, only_above_probe=True) == 50.0
+    # With below_probe="stop" a first probe without a verdict ends it, proving nothing.
+    assert fluidbound.bisect(_data(problem), 50.0, 200.0, deadline=time.monotonic() + 30, below_probe="stop") == 50.0
+
+
+def _scripted_bisection(monkeypatch, fits_above: float, below_probe: str) -> tuple[float, list[float]]:
+    """`bisect` on [100, 200] where a program fits exactly when Z > fits_above: its result
+    and the Z's it tested."""
+    problem = random_problem(random.Random(3), 2, 2, "vshape", limit=1.0, decimals=2)
+    tested: list[float] = []
+
+    def verdict(z: float) -> bool:
+        tested.append(z)
+        return z > fits_above
+
+    monkeypatch.setattr(fluidbound, "build_program", lambda data, z, step: z)
+    monkeypatch.setattr(fluidbound, "_feasible", lambda lp, seconds, threads: verdict(lp))
+    value = fluidbound.bisect(_data(problem), 100.0, 200.0, deadline=time.monotonic() + 30, tolerance=0.001, below_probe=below_probe)
+    return value, tested
+
+
+@pytest.mark.parametrize("below_probe", ["test", "bisect"])
+def test_a_relaxation_above_the_known_bound_is_bisected_below_a_fitting_probe(monkeypatch, below_probe):
+    # The first probe (197) fits; the relaxation is refuted up to 150, above the test
+    # probe (100 + TEST_PROBE * 97): both modes bisect on and prove 150.
+    value, tested = _scripted_bisection(monkeypatch, 150.0, below_probe)
+    assert tested[0] == pytest.approx(200 * (1 - FIRST_PROBE))
+    if below_probe == "test":
+        assert tested[1] == pytest.approx(100 + fluidbound.TEST_PROBE * (tested[0] - 100))
+    assert 149.8 <= value <= 150.0
+
+
+def test_a_relaxation_no_stronger_than_the_known_bound_costs_two_programs(monkeypatch):
+    # Refuted only up to 110: "test" stops after the first probe and the test probe
+    # (~124), proving nothing; "stop" after the first; "bisect" goes down to 110.
+    value, tested = _scripted_bisection(monkeypatch, 110.0, "test")
+    assert (value, len(tested)) == (100.0, 2)
+    value, tested = _scripted_bisection(monkeypatch, 110.0, "stop")
+    assert (value, len(tested)) == (100.0, 1)
+    value, tested = _scripted_bisection(monkeypatch, 110.0, "bisect")
+    assert 109.8 <= value <= 110.0 and len(tested) > 2
+
+
+def test_an_unknown_below_probe_mode_is_refused():
+    problem = random_problem(random.Random(3), 2, 2, "vshape", limit=1.0, decimals=2)
+    with pytest.raises(ValueError, match="below_probe"):
+        fluidbound.bisect(_data(problem), 100.0, 200.0, deadline=time.monotonic() + 1, below_probe="never")
 
 
 def test_below_every_duration_no_schedule_fits():
@@ -189,6 +233,36 @@ def test_the_auto_phase_settles_the_gap_on_eight_devices():
     assert (1 - FIRST_PROBE) * best * (1 - TOLERANCE) <= tracker.bound <= best * (1 + TOLERANCE)
 
 
+@pytest.mark.slow
+def test_the_auto_phase_bisects_below_a_fitting_probe_on_large_problems():
+    # Zero Bubble's 1.5B setting on the V placement at V-Min's memory (4 activations): the
+    # relaxation fits 1.5% below v-auto's span (memory's discreteness binds, which it
+    # relaxes), and on a problem this large nothing after the phase raises the bound, so
+    # it bisects on below the probe: about 1330 against the static 1237 in 15-20 s.
+    problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")
+    assert not portfolio._small(problem, SolveOptions(objective="span"))
+    _, best, tracker = _v_auto_tracker(problem)
+    static = tracker.bound
+    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, time.monotonic() + 40)
+    assert static * 1.05 <= tracker.bound < (1 - FIRST_PROBE) * best
+
+
+def test_a_phase_gets_the_time_of_its_first_answer_when_its_share_is_shorter():
+    # At p = 32 on the V placement one fluid program takes 15-20 s: at a 60 s limit the
+    # phase's share of what the order search leaves (about 20 s) would end it inside its
+    # first program, which then proves nothing.
+    fluid = next(phase for phase in portfolio.PHASES if phase.run is portfolio.fluid_bound)
+    problem = published_problem(setting_named("28.3B-p32-m96"), 17.0, "vshape")
+    need = portfolio.fluid_program_seconds(problem)
+    assert need > portfolio.FLUID_MIN_SECONDS
+    assert fluid.seconds(problem, "span", 1.2 * need) == pytest.approx(need)  # share: 0.6 need
+    assert fluid.seconds(problem, "span", 0.5 * need) == pytest.approx(0.5 * need)  # never past the time left
+    assert fluid.seconds(problem, "span", 4 * need) == pytest.approx(portfolio.FLUID_SHARE * 4 * need)
+    # Smaller problems need less than their share of a 60 s run.
+    small = published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape")
+    assert portfolio.fluid_program_seconds(small) < portfolio.FLUID_SHARE * 20
+
+
 def test_solve_certify_refuses_a_layers_file(tmp_path):
     layers = tmp_path / "layers.json"
     assert runner.invoke(app, ["layers", "--blocks", "8", "--vocab", "128000", "-o", str(layers)]).exit_code == 0
@@ -199,13 +273,13 @@ def test_solve_certify_refuses_a_layers_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_only_above_probe_gives_up_where_the_first_probe_fits():
+def test_stop_below_probe_gives_up_where_the_first_probe_fits():
     # V-Min's memory on 4 devices (1.5B, m = 8): the optimum is 531.5, the fluid relaxation
     # reaches about 491 (memory's discreteness, which it relaxes, is what binds), so its
     # program fits at 1.5% below the optimum. Inside `auto` that one program is all it
     # spends; bisecting on raises the bound above the static one.
     problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 2.0, "vshape")
     static = lower_bound(problem, "span").value
-    assert fluid_bound(problem, static, 531.5, time_limit=60, step=531.5 / 500, only_above_probe=True) == static
+    assert fluid_bound(problem, static, 531.5, time_limit=60, step=531.5 / 500, below_probe="stop") == static
     raised = fluid_bound(problem, static, 531.5, time_limit=60, step=531.5 / 500, tolerance=0.05)
     assert static < raised <= 531.5

@@ -77,6 +77,12 @@ def default_samples(num_stages: int, budget: int = SAMPLE_BUDGET) -> int:
 # every V-Half and p case of Zero Bubble's settings measured (p = 8 to 32, m up to 256).
 FIRST_PROBE = 0.015
 
+# Where the first probe fits, how far up from the known bound to the probe the second
+# one tests (`below_probe="test"`): a relaxation that fits there too is no stronger than
+# the known bound on this problem, and the search ends after two programs.
+TEST_PROBE = 0.25
+BELOW_PROBE = ("bisect", "stop", "test")
+
 # A proof is reported this much (relative) below the Z the solver refuted, for the
 # solver's feasibility tolerance.
 SAFETY = 1e-6
@@ -313,28 +319,38 @@ def bisect(
     tolerance: float = 0.002,
     threads: int = 2,
     on_proof: Callable[[float], None] = lambda value: None,
-    only_above_probe: bool = False,
+    below_probe: str = "bisect",
 ) -> float:
     """The highest Z in [low, high] proven (every schedule's device-0 span is above it),
     `low` if none; stops when high - low is within `tolerance` (relative) or at `deadline`.
 
     The first probe is FIRST_PROBE below `high`: one refutation there settles the gap to it.
-    With `only_above_probe` a feasible first probe ends the search (where the relaxation is
-    weak, as at V-Min's memory, the time is better left to other bounds).
+    Where it fits (the relaxation is weak there, as at V-Min's memory), `below_probe` says
+    what follows: "bisect" goes on halving; "stop" ends the search, leaving the time to
+    other bounds; "test" tries TEST_PROBE of the way up from `low` and ends the search
+    unless that is refuted (a relaxation no stronger than the known bound costs two
+    programs, not the whole time).
     """
+    if below_probe not in BELOW_PROBE:
+        raise ValueError(f"below_probe must be one of {BELOW_PROBE}, not {below_probe!r}")
     probe = max(low, high * (1 - FIRST_PROBE))
-    first = True
+    tried = 0
     while high - low > tolerance * high and time.monotonic() < deadline:
-        z = probe if first and low < probe < high else (low + high) / 2
+        if tried == 0 and low < probe < high:
+            z = probe
+        elif tried == 1 and below_probe == "test" and high <= probe:
+            z = low + TEST_PROBE * (high - low)
+        else:
+            z = (low + high) / 2
         lp = build_program(data, z, step or z / default_samples(data.num_stages))
         answer = False if lp is None else _feasible(lp, deadline - time.monotonic(), threads)
+        tried += 1
         # An answer without a verdict (the time ran out, or the interior point method
         # stalled) proves nothing, like a feasible one; the loop's condition ends the search
         # at the deadline.
-        if answer is not False and first and only_above_probe:
-            break
-        first = False
         if answer is not False:
+            if (tried == 1 and below_probe == "stop") or (tried == 2 and below_probe == "test" and z < probe):
+                break
             high = z
         else:
             low = z * (1 - SAFETY)
@@ -351,7 +367,7 @@ def fluid_bound(
     step: float | None = None,
     tolerance: float = 0.002,
     threads: int = 2,
-    only_above_probe: bool = False,
+    below_probe: str = "bisect",
 ) -> float:
     """`bisect` on `problem` in a fresh process; `low` when nothing above it was proven.
 
@@ -371,7 +387,7 @@ def fluid_bound(
             "step": step,
             "tolerance": tolerance,
             "threads": threads,
-            "only_above_probe": only_above_probe,
+            "below_probe": below_probe,
         }
         command = [sys.executable, "-m", "optimizer.exact.fluidbound", problem_path, json.dumps(settings), out_path]
         # The worker stops itself at the limit; should a program's build or solve run
@@ -430,7 +446,7 @@ def _worker(problem_path: str, settings_json: str, out_path: str) -> None:
         tolerance=settings["tolerance"],
         threads=settings["threads"],
         on_proof=write,
-        only_above_probe=settings["only_above_probe"],
+        below_probe=settings["below_probe"],
     )
 
 

@@ -70,6 +70,15 @@ FLUID_BUDGET = 24_000
 FLUID_SHARE = 0.5
 FLUID_MIN_GAP = 0.005
 FLUID_MIN_SECONDS = 5.0
+# One program's time grows about with the square of its started counts (classes x
+# steps): 14.5 s to refute 1.5% below `auto`'s span at p = 32, m = 96 on the V placement
+# (192 classes x 300 steps) on 2 cores, 2.6 s at p = 16. Where the share would end the
+# phase inside its first program (p = 32 at a 60 s limit: 11 s left it nothing), the phase
+# gets the time of one program (with a margin) and the worker's start, as far as the time
+# left allows.
+FLUID_PROGRAM_SECONDS = 18.0
+FLUID_PROGRAM_COUNTS = 57_600
+FLUID_WORKER_SECONDS = 2.0
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
@@ -226,6 +235,15 @@ class Phase:
     # no starting point fits (the list schedulers, which always find one, do not order
     # token slices) it is the one way to a schedule.
     needs_incumbent: bool = True
+    # Seconds the phase needs to prove or find anything (None: no minimum); it gets them
+    # when its share is shorter and the time left allows.
+    min_seconds: Callable[[Problem], float] | None = None
+
+    def seconds(self, problem: Problem, objective: str, left: float) -> float:
+        """How long the phase may run when `left` seconds are left."""
+        share = self.share[objective] if isinstance(self.share, dict) else self.share
+        wanted = 0.0 if self.min_seconds is None else self.min_seconds(problem)
+        return max(share * left, min(wanted, left))
 
 
 def _small(problem: Problem, options: SolveOptions) -> bool:
@@ -296,8 +314,7 @@ def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker, *, bou
             continue
         if phase.applies(problem, options):
             tracker.report(phase.name)
-            share = phase.share[options.objective] if isinstance(phase.share, dict) else phase.share
-            phase.run(problem, tables, options, tracker, time.monotonic() + share * tracker.left())
+            phase.run(problem, tables, options, tracker, time.monotonic() + phase.seconds(problem, options.objective, tracker.left()))
 
 
 def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
@@ -320,6 +337,16 @@ def _fluid_boundable(problem: Problem, options: SolveOptions) -> bool:
     return fluidbound.applicable(problem)
 
 
+def _fluid_samples(problem: Problem) -> int:
+    return max(FLUID_SAMPLES, fluidbound.default_samples(problem.num_stages, FLUID_BUDGET))
+
+
+def fluid_program_seconds(problem: Problem) -> float:
+    """About how long the fluid phase's first answer takes (one program and the worker's start)."""
+    counts = 3 * problem.num_stages * _fluid_samples(problem)
+    return FLUID_WORKER_SECONDS + FLUID_PROGRAM_SECONDS * (counts / FLUID_PROGRAM_COUNTS) ** 2
+
+
 def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
     seconds = until - time.monotonic()
@@ -331,9 +358,16 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
         tracker.bound,
         best,
         time_limit=seconds,
-        step=best / max(FLUID_SAMPLES, fluidbound.default_samples(problem.num_stages, FLUID_BUDGET)),
+        step=best / _fluid_samples(problem),
         threads=options.threads,
-        only_above_probe=True,
+        # Where the relaxation is weak (V-Min's memory) a fitting first probe hands small
+        # problems to the device relaxations and the whole model, which prove more there.
+        # On larger ones nothing else raises the bound, so one more program tests a quarter
+        # of the way up from the bound, and the bisection goes on below the probe if it is
+        # refuted (Zero Bubble's 1.5B p8 at V-Min's memory in 60 s: m = 24 15.1% -> 12.1%,
+        # m = 32 14.8% -> 11.2%); where it fits too (m = 64 there) the search ends and the
+        # search phases after it keep their time.
+        below_probe="stop" if _small(problem, options) else "test",
     )
     tracker.raise_bound(value, "fluid bound: every device at once (optimizer.exact.fluidbound)")
 
@@ -364,8 +398,8 @@ PHASES: tuple[Phase, ...] = (
     # placement at V-Half's memory and at p is the devices together (p = 4, m = 8 at
     # V-Half's: 12.7% -> 0.5%). One program first: where it cannot refute 1.5% below the
     # incumbent (V-Min's memory, where memory's discreteness binds) the relaxations get
-    # the time.
-    Phase("fluid bound (every device)", _fluid_boundable, FLUID_SHARE, fluid_bound),
+    # the time on small problems, one test program decides on larger ones (fluid_bound).
+    Phase("fluid bound (every device)", _fluid_boundable, FLUID_SHARE, fluid_bound, min_seconds=fluid_program_seconds),
     Phase("device relaxations (lower bound)", _relaxable, RELAXATION_SHARE, relaxation_bounds),
     Phase("window search", _small, WINDOW_SHARE_SMALL, window_search),
     Phase("whole CP-SAT model", _small, 1.0, whole_model, needs_incumbent=False),
