@@ -263,6 +263,23 @@ def test_a_phase_gets_the_time_of_its_first_answer_when_its_share_is_shorter():
     assert portfolio.fluid_program_seconds(small) < portfolio.FLUID_SHARE * 20
 
 
+def test_the_phase_does_not_start_a_program_it_cannot_finish():
+    # p = 32 on the V placement with less time than FLUID_START_SHARE of one program's
+    # estimate (a 30 s limit leaves about that much): no worker starts, the bound stays,
+    # and the search phases keep the time.
+    problem = published_problem(setting_named("28.3B-p32-m96"), 17.0, "vshape")
+    incumbent = timed_for(problem, GENERATORS["v-half"].build(problem), "span")
+    tracker = Tracker("span", 60.0)
+    tracker.offer(incumbent, "v-half")
+    tracker.raise_bound(0.9 * objective_value(incumbent, "span"), "given")
+    short = 0.9 * portfolio.FLUID_START_SHARE * portfolio.fluid_program_seconds(problem)
+    assert short > portfolio.FLUID_MIN_SECONDS
+    started = time.monotonic()
+    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, started + short)
+    assert time.monotonic() - started < 0.5
+    assert tracker.bound == 0.9 * objective_value(incumbent, "span")
+
+
 def test_solve_certify_refuses_a_layers_file(tmp_path):
     layers = tmp_path / "layers.json"
     assert runner.invoke(app, ["layers", "--blocks", "8", "--vocab", "128000", "-o", str(layers)]).exit_code == 0

@@ -79,6 +79,10 @@ FLUID_MIN_SECONDS = 5.0
 FLUID_PROGRAM_SECONDS = 18.0
 FLUID_PROGRAM_COUNTS = 57_600
 FLUID_WORKER_SECONDS = 2.0
+# With less time than this part of that estimate the first program would be cut off and
+# prove nothing (the estimate's margin is about 20%), so the phase does not start and the
+# search phases keep the time (p = 32 at a 30 s limit).
+FLUID_START_SHARE = 0.75
 
 
 # Share of the time limit the known schedules may take at most (they are usually far
@@ -351,7 +355,8 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
     seconds = until - time.monotonic()
     best = tracker.best_value
-    if seconds < FLUID_MIN_SECONDS or best <= 0 or (best - tracker.bound) <= FLUID_MIN_GAP * best:
+    too_short = seconds < max(FLUID_MIN_SECONDS, FLUID_START_SHARE * fluid_program_seconds(problem))
+    if too_short or best <= 0 or (best - tracker.bound) <= FLUID_MIN_GAP * best:
         return
     value = fluidbound.fluid_bound(
         problem,
