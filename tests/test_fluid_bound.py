@@ -6,6 +6,7 @@ import dataclasses
 import json
 import random
 import time
+from collections.abc import Callable
 
 import pytest
 from exact_brute_force import brute_force_optimum, count_orders
@@ -68,37 +69,38 @@ def test_a_program_without_a_verdict_proves_nothing_and_the_bisection_goes_on(mo
     # an answer must neither end the search nor count as a proof: here the programs above
     # 100 have no verdict and those at or below 90 are refuted, so the bisection from
     # [50, 200] must come down past the silent ones and prove a Z in (88, 90].
-    problem = random_problem(random.Random(3), 2, 2, "vshape", limit=1.0, decimals=2)
-    tested: list[float] = []
-
-    def verdict(z: float) -> bool | None:
-        tested.append(z)
-        return None if z > 100 else z > 90
-
-    monkeypatch.setattr(fluidbound, "build_program", lambda data, z, step: z)
-    monkeypatch.setattr(fluidbound, "_feasible", lambda lp, seconds, threads: verdict(lp))
+    tested = _script_verdicts(monkeypatch, lambda z: None if z > 100 else z > 90)
     proofs: list[float] = []
-    value = fluidbound.bisect(_data(problem), 50.0, 200.0, deadline=time.monotonic() + 30, tolerance=0.01, on_proof=proofs.append)
+    value = fluidbound.bisect(_tiny_data(), 50.0, 200.0, deadline=time.monotonic() + 30, tolerance=0.01, on_proof=proofs.append)
     assert any(z > 100 for z in tested)
     assert 88.0 < value <= 90.0
     assert proofs and max(proofs) == value
     # With below_probe="stop" a first probe without a verdict ends it, proving nothing.
-    assert fluidbound.bisect(_data(problem), 50.0, 200.0, deadline=time.monotonic() + 30, below_probe="stop") == 50.0
+    assert fluidbound.bisect(_tiny_data(), 50.0, 200.0, deadline=time.monotonic() + 30, below_probe="stop") == 50.0
+
+
+def _tiny_data():
+    return _data(random_problem(random.Random(3), 2, 2, "vshape", limit=1.0, decimals=2))
+
+
+def _script_verdicts(monkeypatch, verdict: Callable[[float], bool | None]) -> list[float]:
+    """Make every program's answer verdict(Z); the Z's tested are appended to the list returned."""
+    tested: list[float] = []
+
+    def answer(z: float) -> bool | None:
+        tested.append(z)
+        return verdict(z)
+
+    monkeypatch.setattr(fluidbound, "build_program", lambda data, z, step: z)
+    monkeypatch.setattr(fluidbound, "_feasible", lambda lp, seconds, threads: answer(lp))
+    return tested
 
 
 def _scripted_bisection(monkeypatch, fits_above: float, below_probe: str) -> tuple[float, list[float]]:
     """`bisect` on [100, 200] where a program fits exactly when Z > fits_above: its result
     and the Z's it tested."""
-    problem = random_problem(random.Random(3), 2, 2, "vshape", limit=1.0, decimals=2)
-    tested: list[float] = []
-
-    def verdict(z: float) -> bool:
-        tested.append(z)
-        return z > fits_above
-
-    monkeypatch.setattr(fluidbound, "build_program", lambda data, z, step: z)
-    monkeypatch.setattr(fluidbound, "_feasible", lambda lp, seconds, threads: verdict(lp))
-    value = fluidbound.bisect(_data(problem), 100.0, 200.0, deadline=time.monotonic() + 30, tolerance=0.001, below_probe=below_probe)
+    tested = _script_verdicts(monkeypatch, lambda z: z > fits_above)
+    value = fluidbound.bisect(_tiny_data(), 100.0, 200.0, deadline=time.monotonic() + 30, tolerance=0.001, below_probe=below_probe)
     return value, tested
 
 
@@ -125,14 +127,12 @@ def test_a_relaxation_no_stronger_than_the_known_bound_costs_two_programs(monkey
 
 
 def test_an_unknown_below_probe_mode_is_refused():
-    problem = random_problem(random.Random(3), 2, 2, "vshape", limit=1.0, decimals=2)
     with pytest.raises(ValueError, match="below_probe"):
-        fluidbound.bisect(_data(problem), 100.0, 200.0, deadline=time.monotonic() + 1, below_probe="never")
+        fluidbound.bisect(_tiny_data(), 100.0, 200.0, deadline=time.monotonic() + 1, below_probe="never")
 
 
 def test_below_every_duration_no_schedule_fits():
-    problem = random_problem(random.Random(3), 2, 2, "vshape", limit=1.0, decimals=2)
-    assert build_program(_data(problem), 1e-3, 1e-3) is None
+    assert build_program(_tiny_data(), 1e-3, 1e-3) is None
 
 
 def test_not_applicable_where_a_fused_backward_or_slices_could_win():

@@ -67,9 +67,13 @@ MAX_SAMPLES = 1000
 MIN_SAMPLES = 100
 
 
+# Op classes per stage: its forwards, B's and W's.
+CLASSES_PER_STAGE = 3
+
+
 def default_samples(num_stages: int, budget: int = SAMPLE_BUDGET) -> int:
-    """Grid steps over the tested span for a problem of `num_stages` stages (3 op classes each)."""
-    return max(MIN_SAMPLES, min(MAX_SAMPLES, budget // max(1, 3 * num_stages)))
+    """Grid steps over the tested span for a problem of `num_stages` stages."""
+    return max(MIN_SAMPLES, min(MAX_SAMPLES, budget // max(1, CLASSES_PER_STAGE * num_stages)))
 
 
 # The bisection's first probe, this far (relative) below the known schedule: one
@@ -336,9 +340,11 @@ def bisect(
     probe = max(low, high * (1 - FIRST_PROBE))
     tried = 0
     while high - low > tolerance * high and time.monotonic() < deadline:
+        # The second program tests low in the range when the first probe fitted.
+        testing = tried == 1 and below_probe == "test" and high <= probe
         if tried == 0 and low < probe < high:
             z = probe
-        elif tried == 1 and below_probe == "test" and high <= probe:
+        elif testing:
             z = low + TEST_PROBE * (high - low)
         else:
             z = (low + high) / 2
@@ -349,7 +355,7 @@ def bisect(
         # stalled) proves nothing, like a feasible one; the loop's condition ends the search
         # at the deadline.
         if answer is not False:
-            if (tried == 1 and below_probe == "stop") or (tried == 2 and below_probe == "test" and z < probe):
+            if testing or (tried == 1 and below_probe == "stop"):
                 break
             high = z
         else:

@@ -347,7 +347,7 @@ def _fluid_samples(problem: Problem) -> int:
 
 def fluid_program_seconds(problem: Problem) -> float:
     """About how long the fluid phase's first answer takes (one program and the worker's start)."""
-    counts = 3 * problem.num_stages * _fluid_samples(problem)
+    counts = fluidbound.CLASSES_PER_STAGE * problem.num_stages * _fluid_samples(problem)
     return FLUID_WORKER_SECONDS + FLUID_PROGRAM_SECONDS * (counts / FLUID_PROGRAM_COUNTS) ** 2
 
 
