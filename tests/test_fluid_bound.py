@@ -104,22 +104,16 @@ def _scripted_bisection(monkeypatch, fits_above: float, below_probe: str) -> tup
     return value, tested
 
 
-@pytest.mark.parametrize("below_probe", ["test", "bisect"])
-def test_a_relaxation_above_the_known_bound_is_bisected_below_a_fitting_probe(monkeypatch, below_probe):
-    # The first probe (197) fits; the relaxation is refuted up to 150, above the test
-    # probe (100 + TEST_PROBE * 97): both modes bisect on and prove 150.
-    value, tested = _scripted_bisection(monkeypatch, 150.0, below_probe)
+def test_a_relaxation_above_the_known_bound_is_bisected_below_a_fitting_probe(monkeypatch):
+    # The first probe (197) fits; the relaxation is refuted up to 150: bisecting on proves 150.
+    value, tested = _scripted_bisection(monkeypatch, 150.0, "bisect")
     assert tested[0] == pytest.approx(200 * (1 - FIRST_PROBE))
-    if below_probe == "test":
-        assert tested[1] == pytest.approx(100 + fluidbound.TEST_PROBE * (tested[0] - 100))
     assert 149.8 <= value <= 150.0
 
 
-def test_a_relaxation_no_stronger_than_the_known_bound_costs_two_programs(monkeypatch):
-    # Refuted only up to 110: "test" stops after the first probe and the test probe
-    # (~124), proving nothing; "stop" after the first; "bisect" goes down to 110.
-    value, tested = _scripted_bisection(monkeypatch, 110.0, "test")
-    assert (value, len(tested)) == (100.0, 2)
+def test_stop_ends_the_search_after_a_fitting_first_probe(monkeypatch):
+    # Refuted only up to 110: "stop" ends after the first probe, proving nothing; "bisect"
+    # goes down to 110.
     value, tested = _scripted_bisection(monkeypatch, 110.0, "stop")
     assert (value, len(tested)) == (100.0, 1)
     value, tested = _scripted_bisection(monkeypatch, 110.0, "bisect")
@@ -197,7 +191,7 @@ def test_solve_certify_refuses_bad_values(tmp_path, extra, message):
 
 def _v_auto_tracker(problem):
     """A span Tracker holding v-auto's schedule of `problem` and the static bound."""
-    assert portfolio._fluid_boundable(problem, SolveOptions(objective="span"))
+    assert applicable(problem)
     incumbent = timed_for(problem, GENERATORS["v-auto"].build(problem), "span")
     tracker = Tracker("span", 60.0)
     tracker.offer(incumbent, "v-auto")
@@ -221,52 +215,76 @@ def test_the_auto_phase_raises_the_trackers_bound_and_skips_closed_gaps():
     assert closed.bound == best * (1 - portfolio.FLUID_MIN_GAP / 2)
 
 
+def _alongside(problem, tracker: Tracker, seconds: float) -> fluidbound.FluidRun | None:
+    """Start the large problems' phase and wait for its worker (at most `seconds`) as the
+    search would; the run, or None when it did not start one. The tracker still watches it."""
+    until = time.monotonic() + seconds
+    portfolio.fluid_bound_alongside(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, until)
+    if not tracker.watched:
+        return None
+    run = tracker.watched[0][0]
+    assert isinstance(run, fluidbound.FluidRun)
+    run.wait(until)
+    return run
+
+
 @pytest.mark.slow
 def test_the_auto_phase_settles_the_gap_on_eight_devices():
     # Zero Bubble's 1.5B setting on the V placement at V-Half's memory: the device
     # relaxations leave 9.7% open at 60 s; the phase's coarser grid still refutes 1.5% below
     # v-auto's span within its first program.
     problem = published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape")
+    assert not portfolio._small(problem, SolveOptions(objective="span"))
     _, best, tracker = _v_auto_tracker(problem)
     assert tracker.bound < 0.95 * best
-    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, time.monotonic() + 40)
+    run = _alongside(problem, tracker, 40)
+    assert run is not None
+    tracker.collect()
     assert (1 - FIRST_PROBE) * best * (1 - TOLERANCE) <= tracker.bound <= best * (1 + TOLERANCE)
+    tracker.release()
+    assert not tracker.watched and run._process is None  # the worker is stopped
 
 
 @pytest.mark.slow
 def test_the_auto_phase_bisects_below_a_fitting_probe_on_large_problems():
     # Zero Bubble's 1.5B setting on the V placement at V-Min's memory (4 activations): the
     # relaxation fits 1.5% below v-auto's span (memory's discreteness binds, which it
-    # relaxes), and on a problem this large nothing after the phase raises the bound, so
-    # it bisects on below the probe: about 1330 against the static 1237 in 15-20 s.
+    # relaxes); alongside the search it has the time to bisect on below the probe: about
+    # 1330-1360 against the static 1237 in 20-40 s.
     problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")
-    assert not portfolio._small(problem, SolveOptions(objective="span"))
     _, best, tracker = _v_auto_tracker(problem)
     static = tracker.bound
-    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, time.monotonic() + 40)
+    assert _alongside(problem, tracker, 40) is not None
+    tracker.release()
     assert static * 1.05 <= tracker.bound < (1 - FIRST_PROBE) * best
 
 
 def test_a_phase_gets_the_time_of_its_first_answer_when_its_share_is_shorter():
-    # At p = 32 on the V placement one fluid program takes 15-20 s: at a 60 s limit the
-    # phase's share of what the order search leaves (about 20 s) would end it inside its
-    # first program, which then proves nothing.
+    # On 4 devices of the V placement (m = 8, 288 ops: the fluid phase runs in front) one
+    # program on the 1000-step grid takes about 5 s: at a short limit the phase's share
+    # would end it inside its first program, which then proves nothing.
     fluid = next(phase for phase in portfolio.PHASES if phase.run is portfolio.fluid_bound)
-    problem = published_problem(setting_named("28.3B-p32-m96"), 17.0, "vshape")
+    problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 3.0, "vshape")
+    assert fluid.applies(problem, SolveOptions(objective="span"))
     need = portfolio.fluid_program_seconds(problem)
     assert need > portfolio.FLUID_MIN_SECONDS
     assert fluid.seconds(problem, "span", 1.2 * need) == pytest.approx(need)  # share: 0.6 need
     assert fluid.seconds(problem, "span", 0.5 * need) == pytest.approx(0.5 * need)  # never past the time left
     assert fluid.seconds(problem, "span", 4 * need) == pytest.approx(portfolio.FLUID_SHARE * 4 * need)
-    # Smaller problems need less than their share of a 60 s run.
-    small = published_problem(setting_named("1.5B-p8-m24"), 5.0, "vshape")
-    assert portfolio.fluid_program_seconds(small) < portfolio.FLUID_SHARE * 20
+
+
+def test_large_problems_prove_alongside_the_search_not_in_front():
+    options = SolveOptions(objective="span")
+    problem = published_problem(setting_named("28.3B-p32-m96"), 17.0, "vshape")
+    applying = [phase.run for phase in portfolio.PHASES if phase.applies(problem, options)]
+    assert portfolio.fluid_bound_alongside in applying and portfolio.fluid_bound not in applying
+    # It starts before the order search, which leaves a core free.
+    assert applying.index(portfolio.fluid_bound_alongside) < applying.index(portfolio.order_search)
 
 
 def test_the_phase_does_not_start_a_program_it_cannot_finish():
     # p = 32 on the V placement with less time than FLUID_START_SHARE of one program's
-    # estimate (a 30 s limit leaves about that much): no worker starts, the bound stays,
-    # and the search phases keep the time.
+    # estimate: no worker starts and the bound stays.
     problem = published_problem(setting_named("28.3B-p32-m96"), 17.0, "vshape")
     incumbent = timed_for(problem, GENERATORS["v-half"].build(problem), "span")
     tracker = Tracker("span", 60.0)
@@ -275,7 +293,7 @@ def test_the_phase_does_not_start_a_program_it_cannot_finish():
     short = 0.9 * portfolio.FLUID_START_SHARE * portfolio.fluid_program_seconds(problem)
     assert short > portfolio.FLUID_MIN_SECONDS
     started = time.monotonic()
-    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, started + short)
+    assert _alongside(problem, tracker, short) is None
     assert time.monotonic() - started < 0.5
     assert tracker.bound == 0.9 * objective_value(incumbent, "span")
 
@@ -300,3 +318,73 @@ def test_stop_below_probe_gives_up_where_the_first_probe_fits():
     assert fluid_bound(problem, static, 531.5, time_limit=60, step=531.5 / 500, below_probe="stop") == static
     raised = fluid_bound(problem, static, 531.5, time_limit=60, step=531.5 / 500, tolerance=0.05)
     assert static < raised <= 531.5
+
+
+def test_the_least_shortfall_is_nothing_at_a_schedules_span_and_refutes_below_the_work():
+    # The program is always feasible: ending by Z is met up to the shortfall it minimizes.
+    problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 3.0, "vshape")
+    _, best, _ = _v_auto_tracker(problem)
+    data = _data(problem)
+    at_span = build_program(data, best, best / 300)
+    assert at_span is not None
+    assert fluidbound.shortfall(at_span, 60, 2) <= fluidbound.SHORTFALL_TOLERANCE
+    # Device 0 cannot do all its work by 0.99 of it: short by far more than the tolerance.
+    device = data.device
+    work = sum(data.duration[k][s] for k in "FBW" for s in range(data.num_stages) if device[s] == device[0])
+    z = 0.99 * work * data.num_microbatches
+    below = build_program(data, z, z / 300)
+    assert below is not None
+    least = fluidbound.shortfall(below, 60, 2)
+    assert least is not None and least > 100 * fluidbound.SHORTFALL_TOLERANCE
+
+
+class _FakeSource:
+    def __init__(self, value: float):
+        self.proven, self.closed = value, False
+
+    def value(self) -> float:
+        return self.proven
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_tracker_takes_a_watched_bound_at_each_collect_and_stops_it_on_release():
+    tracker = Tracker("span", 60.0)
+    source = _FakeSource(10.0)
+    tracker.watch(source, "alongside")
+    tracker.collect()
+    assert (tracker.bound, tracker.bound_reason) == (10.0, "alongside")
+    source.proven = 12.0  # proven later, before the end
+    tracker.release()
+    assert tracker.bound == 12.0 and source.closed and not tracker.watched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_no_worker_outlives_auto(monkeypatch, interrupted):
+    # 1.5B p8 m24 at V-Min's memory (1152 ops): the fluid worker starts before the order
+    # search; it is stopped when `auto` ends, also on Ctrl-C during the search.
+    from optimizer.exact import api
+
+    problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")
+    runs: list[fluidbound.FluidRun] = []
+    start = fluidbound.FluidRun.__init__
+
+    def record(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(fluidbound.FluidRun, "__init__", record)
+    if interrupted:
+
+        def interrupt(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(portfolio, "order_search", interrupt)
+        monkeypatch.setattr(
+            portfolio, "PHASES", tuple(dataclasses.replace(p, run=interrupt) if p.name == "order search" else p for p in portfolio.PHASES)
+        )
+    schedule = api.solve(problem, "auto", SolveOptions(time_limit=8, objective="span"))
+    assert len(runs) == 1 and runs[0]._process is None
+    assert schedule.metrics.lower_bound is not None and schedule.metrics.lower_bound <= objective_value(schedule, "span")

@@ -25,9 +25,10 @@ Time is sampled on a grid of step dt (`default_samples`); each class on the grid
 dt, so the chain of forwards and backwards (each class aligned with its critical
 predecessor) loses nothing to rounding. Rounding always goes the relaxing way (a count
 bounded from above by the next sample, from below by the previous one), so for a given
-Z the linear program is feasible whenever a schedule ends device 0 by Z: an infeasible
-program proves every schedule's span of that device (its first op at 0) above Z, hence
-the span objective and the makespan above Z.
+Z these constraints hold whenever a schedule ends device 0 by Z. The program meets
+what ending by Z requires up to one shortfall variable, which it minimizes: a least
+shortfall above 0 proves every schedule's span of that device (its first op at 0) above
+Z, hence the span objective and the makespan above Z.
 
 The program is solved by HiGHS in a fresh process (`python -m optimizer.exact.fluidbound`,
 see optimizer/exact/highs_worker.py for why: OR-Tools and highspy ship different HiGHS
@@ -81,15 +82,14 @@ def default_samples(num_stages: int, budget: int = SAMPLE_BUDGET) -> int:
 # every V-Half and p case of Zero Bubble's settings measured (p = 8 to 32, m up to 256).
 FIRST_PROBE = 0.015
 
-# Where the first probe fits, how far up from the known bound to the probe the second
-# one tests (`below_probe="test"`): a relaxation that fits there too is no stronger than
-# the known bound on this problem, and the search ends after two programs.
-TEST_PROBE = 0.25
-BELOW_PROBE = ("bisect", "stop", "test")
+BELOW_PROBE = ("bisect", "stop")
 
 # A proof is reported this much (relative) below the Z the solver refuted, for the
 # solver's feasibility tolerance.
 SAFETY = 1e-6
+# A program refutes its Z when its least shortfall (in ops) is above this: far above the
+# interior point method's tolerances (1e-7 relative), far below one op.
+SHORTFALL_TOLERANCE = 1e-3
 
 Class = tuple[str, int]  # (kind, stage)
 
@@ -166,11 +166,13 @@ def _heads(data: _Data, preds: dict[Class, list[tuple[Class, float]]]) -> dict[C
 
 @dataclass
 class _Program:
-    """A linear program in row form: variable bounds, rows (lower, upper, columns, values)."""
+    """A linear program in row form: variable bounds, rows (lower, upper, columns, values),
+    and the variable to minimize (the shortfall, see `build_program`)."""
 
     lower: list[float]
     upper: list[float]
     rows: list[tuple[float, float, list[int], list[float]]]
+    objective: int = -1
 
     def var(self, lower: float, upper: float) -> int:
         self.lower.append(lower)
@@ -182,8 +184,15 @@ class _Program:
 
 
 def build_program(data: _Data, z: float, step: float) -> _Program | None:
-    """The program whose feasibility a schedule ending device 0 by `z` implies (None: z is
-    below some class's own duration, so no schedule does)."""
+    """The program whose least shortfall is 0 if a schedule ends device 0 by `z` (None: z is
+    below some class's own duration, so no schedule does).
+
+    What ending by `z` requires (so many ops of a class started by a time) is met up to one
+    shortfall variable, the objective: the program is always feasible, and an optimum above
+    0 refutes `z`. Posed as pure feasibility, the interior point method ended without a
+    verdict on the p = 32 programs of Zero Bubble's settings at 1F1B's memory (14 s, status
+    unknown) where the least shortfall (0.66 ops) refutes them.
+    """
     inf = math.inf
     m = data.num_microbatches
     preds = _predecessors(data)
@@ -208,6 +217,7 @@ def build_program(data: _Data, z: float, step: float) -> _Program | None:
         ordered = sorted(earliest)
         for k, var in enumerate(started[c]):
             lp.upper[var] = min(lp.upper[var], float(bisect_right(ordered, k * step + offset[c] + 1e-9)))
+    required: dict[int, float] = {}  # started count at a sample, at least
     for c, least in data.tail.items():
         # The j-th op of a class with a path to device 0's end starts by z - tail_j - duration.
         for rank, q in enumerate(sorted(least, reverse=True)):
@@ -217,9 +227,9 @@ def build_program(data: _Data, z: float, step: float) -> _Program | None:
             if latest < 0:
                 return None
             var = started[c][min(at_or_after(c, latest), samples - 1)]
-            lp.lower[var] = max(lp.lower[var], float(rank + 1))
-            if lp.lower[var] > lp.upper[var]:
-                return None
+            if rank + 1 > lp.upper[var]:
+                return None  # the ops' heads alone rule it out
+            required[var] = max(required.get(var, 0.0), float(rank + 1))
     for c in classes:
         n = started[c]
         for k in range(samples - 1):
@@ -270,12 +280,23 @@ def build_program(data: _Data, z: float, step: float) -> _Program | None:
             continue
         if z - duration[c] < 0:
             return None
-        lp.row(m, inf, [started[c][min(at_or_after(c, z - duration[c]), samples - 1)]], [1.0])
+        var = started[c][min(at_or_after(c, z - duration[c]), samples - 1)]
+        required[var] = max(required.get(var, 0.0), float(m))
+    lp.objective = lp.var(0.0, inf)
+    for var, count in required.items():
+        lp.row(count, inf, [var, lp.objective], [1.0, 1.0])
     return lp
 
 
 def _feasible(lp: _Program, time_limit: float, threads: int) -> bool | None:
-    """True, False (a proof), or None when HiGHS stops without an answer."""
+    """True (no shortfall), False (a proof: the least shortfall is above SHORTFALL_TOLERANCE),
+    or None when HiGHS stops without an answer."""
+    least = shortfall(lp, time_limit, threads)
+    return None if least is None else least <= SHORTFALL_TOLERANCE
+
+
+def shortfall(lp: _Program, time_limit: float, threads: int) -> float | None:
+    """The program's least shortfall (ops), or None when HiGHS stops without an answer."""
     import highspy  # never in a process that has loaded OR-Tools (see the module doc)
     import numpy as np
 
@@ -288,6 +309,7 @@ def _feasible(lp: _Program, time_limit: float, threads: int) -> bool | None:
     highs.setOptionValue("threads", threads)
     highs.setOptionValue("time_limit", max(0.1, time_limit))
     highs.addVars(len(lp.lower), np.array(lp.lower), np.array(lp.upper))
+    highs.changeColCost(lp.objective, 1.0)
     starts: list[int] = []
     columns: list[int] = []
     values: list[float] = []
@@ -306,10 +328,8 @@ def _feasible(lp: _Program, time_limit: float, threads: int) -> bool | None:
     )
     highs.run()
     status = highs.getModelStatus()
-    if status == highspy.HighsModelStatus.kInfeasible:
-        return False
     if status == highspy.HighsModelStatus.kOptimal:
-        return True
+        return float(highs.getInfo().objective_function_value)
     return None
 
 
@@ -331,21 +351,15 @@ def bisect(
     The first probe is FIRST_PROBE below `high`: one refutation there settles the gap to it.
     Where it fits (the relaxation is weak there, as at V-Min's memory), `below_probe` says
     what follows: "bisect" goes on halving; "stop" ends the search, leaving the time to
-    other bounds; "test" tries TEST_PROBE of the way up from `low` and ends the search
-    unless that is refuted (a relaxation no stronger than the known bound costs two
-    programs, not the whole time).
+    other bounds.
     """
     if below_probe not in BELOW_PROBE:
         raise ValueError(f"below_probe must be one of {BELOW_PROBE}, not {below_probe!r}")
     probe = max(low, high * (1 - FIRST_PROBE))
     tried = 0
     while high - low > tolerance * high and time.monotonic() < deadline:
-        # The second program tests low in the range when the first probe fitted.
-        testing = tried == 1 and below_probe == "test" and high <= probe
         if tried == 0 and low < probe < high:
             z = probe
-        elif testing:
-            z = low + TEST_PROBE * (high - low)
         else:
             z = (low + high) / 2
         lp = build_program(data, z, step or z / default_samples(data.num_stages))
@@ -355,13 +369,91 @@ def bisect(
         # stalled) proves nothing, like a feasible one; the loop's condition ends the search
         # at the deadline.
         if answer is not False:
-            if testing or (tried == 1 and below_probe == "stop"):
+            if tried == 1 and below_probe == "stop":
                 break
             high = z
         else:
             low = z * (1 - SAFETY)
             on_proof(low)
     return low
+
+
+class FluidRun:
+    """`bisect` on a problem in a fresh process, running while the caller goes on.
+
+    `value()` reads the highest Z proven so far (each proof is written as it comes, see
+    `_worker`); `finish(until)` waits for the worker until `until` (time.monotonic) and
+    stops it; `close()` stops it at once. As a context manager it is stopped on leaving,
+    whatever happens (Ctrl-C included), so no worker outlives its caller.
+    """
+
+    def __init__(
+        self,
+        problem: Problem,
+        low: float,
+        high: float,
+        *,
+        time_limit: float,
+        step: float | None = None,
+        tolerance: float = 0.002,
+        threads: int = 2,
+        below_probe: str = "bisect",
+    ) -> None:
+        self.low = low
+        self._folder = tempfile.TemporaryDirectory()
+        problem_path = os.path.join(self._folder.name, "problem.json")
+        self._out_path = os.path.join(self._folder.name, "bound.json")
+        with open(problem_path, "w") as handle:
+            handle.write(problem.model_dump_json())
+        settings = {
+            "low": low,
+            "high": high,
+            "time_limit": time_limit,
+            "step": step,
+            "tolerance": tolerance,
+            "threads": threads,
+            "below_probe": below_probe,
+        }
+        command = [sys.executable, "-m", "optimizer.exact.fluidbound", problem_path, json.dumps(settings), self._out_path]
+        self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_worker_env()
+        )
+
+    def wait(self, until: float) -> None:
+        """Wait until the worker ends or `until` (time.monotonic), whichever comes first."""
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=max(0.0, until - time.monotonic()))
+
+    def value(self) -> float:
+        """The highest Z proven so far (`low` when none)."""
+        try:
+            with open(self._out_path) as handle:
+                return max(self.low, float(json.load(handle)["bound"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.low
+
+    def finish(self, until: float) -> float:
+        """Wait for the worker until `until` (time.monotonic), stop it, and return its bound."""
+        self.wait(until)
+        value = self.value()
+        self.close()
+        return value
+
+    def close(self) -> None:
+        """Stop the worker and remove its files (`value()` is `low` afterwards)."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.kill()
+            self._process.wait()
+            self._process = None
+            self._folder.cleanup()
+
+    def __enter__(self) -> FluidRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def fluid_bound(
@@ -381,30 +473,13 @@ def fluid_bound(
     """
     if not applicable(problem):
         return low
-    with tempfile.TemporaryDirectory() as folder:
-        problem_path = os.path.join(folder, "problem.json")
-        out_path = os.path.join(folder, "bound.json")
-        with open(problem_path, "w") as handle:
-            handle.write(problem.model_dump_json())
-        settings = {
-            "low": low,
-            "high": high,
-            "time_limit": time_limit,
-            "step": step,
-            "tolerance": tolerance,
-            "threads": threads,
-            "below_probe": below_probe,
-        }
-        command = [sys.executable, "-m", "optimizer.exact.fluidbound", problem_path, json.dumps(settings), out_path]
+    began = time.monotonic()
+    with FluidRun(
+        problem, low, high, time_limit=time_limit, step=step, tolerance=tolerance, threads=threads, below_probe=below_probe
+    ) as run:
         # The worker stops itself at the limit; should a program's build or solve run
-        # over, it is killed just after (its proofs are written as they come: none is lost).
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run(command, timeout=time_limit + 2, check=False, capture_output=True, env=_worker_env())
-        try:
-            with open(out_path) as handle:
-                return max(low, float(json.load(handle)["bound"]))
-        except (OSError, ValueError, KeyError):
-            return low
+        # over, it is stopped just after (its proofs are written as they come: none is lost).
+        return run.finish(began + time_limit + 2)
 
 
 def certify(schedule: Schedule, objective: str, seconds: float) -> bool:

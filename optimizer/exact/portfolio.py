@@ -311,14 +311,18 @@ def solve_auto(problem: Problem, options: SolveOptions, tracker: Tracker, *, bou
     if bound_later:
         problem_bound(problem, options, tracker, within_time=True)
     tables = integer_tables(problem)
-    for phase in PHASES:
-        if tracker.closed() or tracker.left() <= 0:
-            return
-        if tracker.best is None and phase.needs_incumbent:
-            continue
-        if phase.applies(problem, options):
-            tracker.report(phase.name)
-            phase.run(problem, tables, options, tracker, time.monotonic() + phase.seconds(problem, options.objective, tracker.left()))
+    try:
+        for phase in PHASES:
+            tracker.collect()
+            if tracker.closed() or tracker.left() <= 0:
+                return
+            if tracker.best is None and phase.needs_incumbent:
+                continue
+            if phase.applies(problem, options):
+                tracker.report(phase.name)
+                phase.run(problem, tables, options, tracker, time.monotonic() + phase.seconds(problem, options.objective, tracker.left()))
+    finally:
+        tracker.release()  # a bound proven alongside until the end counts; its worker stops
 
 
 def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
@@ -337,8 +341,12 @@ def relaxation_bounds(problem: Problem, tables: IntegerTables, options: SolveOpt
     )
 
 
-def _fluid_boundable(problem: Problem, options: SolveOptions) -> bool:
-    return fluidbound.applicable(problem)
+def _fluid_in_front(problem: Problem, options: SolveOptions) -> bool:
+    return fluidbound.applicable(problem) and _small(problem, options)
+
+
+def _fluid_alongside(problem: Problem, options: SolveOptions) -> bool:
+    return fluidbound.applicable(problem) and _large(problem, options)
 
 
 def _fluid_samples(problem: Problem) -> int:
@@ -351,30 +359,58 @@ def fluid_program_seconds(problem: Problem) -> float:
     return FLUID_WORKER_SECONDS + FLUID_PROGRAM_SECONDS * (counts / FLUID_PROGRAM_COUNTS) ** 2
 
 
+FLUID_REASON = "fluid bound: every device at once (optimizer.exact.fluidbound)"
+
+
+def _fluid_worth_starting(problem: Problem, tracker: Tracker, seconds: float) -> bool:
+    """Whether the gap is open and the time left is enough for a first answer."""
+    best = tracker.best_value
+    too_short = seconds < max(FLUID_MIN_SECONDS, FLUID_START_SHARE * fluid_program_seconds(problem))
+    return not too_short and best > 0 and (best - tracker.bound) > FLUID_MIN_GAP * best
+
+
 def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
     """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
     seconds = until - time.monotonic()
-    best = tracker.best_value
-    too_short = seconds < max(FLUID_MIN_SECONDS, FLUID_START_SHARE * fluid_program_seconds(problem))
-    if too_short or best <= 0 or (best - tracker.bound) <= FLUID_MIN_GAP * best:
+    if not _fluid_worth_starting(problem, tracker, seconds):
         return
     value = fluidbound.fluid_bound(
         problem,
         tracker.bound,
-        best,
+        tracker.best_value,
         time_limit=seconds,
-        step=best / _fluid_samples(problem),
+        step=tracker.best_value / _fluid_samples(problem),
         threads=options.threads,
-        # Where the relaxation is weak (V-Min's memory) a fitting first probe hands small
-        # problems to the device relaxations and the whole model, which prove more there.
-        # On larger ones nothing else raises the bound, so one more program tests a quarter
-        # of the way up from the bound, and the bisection goes on below the probe if it is
-        # refuted (Zero Bubble's 1.5B p8 at V-Min's memory in 60 s: m = 24 15.1% -> 12.1%,
-        # m = 32 14.8% -> 11.2%); where it fits too (m = 64 there) the search ends and the
-        # search phases after it keep their time.
-        below_probe="stop" if _small(problem, options) else "test",
+        # Where the relaxation is weak (V-Min's memory) a fitting first probe hands these
+        # small problems to the device relaxations and the whole model, which prove more.
+        below_probe="stop",
     )
-    tracker.raise_bound(value, "fluid bound: every device at once (optimizer.exact.fluidbound)")
+    tracker.raise_bound(value, FLUID_REASON)
+
+
+def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
+    """Start the fluid relaxation of every device in a worker that proves until `until`
+    while the search phases run; the tracker takes its bound at each phase and at the end.
+
+    On large problems the order search, which takes most of the time, runs on one core,
+    and HiGHS's interior point method as good as on one (3.2 s a program at p = 8 with one
+    thread or two, 14.7 s at p = 32): side by side each keeps its core, and the bound gets
+    the whole time instead of a share after the search (20 s at p = 32 at a 60 s limit,
+    one program). With the time its own, the bisection goes on below a fitting first probe.
+    """
+    seconds = until - time.monotonic()
+    if not _fluid_worth_starting(problem, tracker, seconds):
+        return
+    run = fluidbound.FluidRun(
+        problem,
+        tracker.bound,
+        tracker.best_value,
+        time_limit=seconds,
+        step=tracker.best_value / _fluid_samples(problem),
+        threads=1,
+        below_probe="bisect",
+    )
+    tracker.watch(run, FLUID_REASON)
 
 
 def periodic_patterns(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
@@ -393,6 +429,8 @@ PHASES: tuple[Phase, ...] = (
     # Under a tight memory limit the known schedules' steady state and warm-up are far
     # from the bound (V placement at V-Min's level: 25-30% bubble); moving single ops
     # and repeating swaps in every round shortens them, cheaply, for any placement.
+    # On large problems the fluid bound proves in a worker of its own alongside the rest.
+    Phase("fluid bound (every device, alongside the search)", _fluid_alongside, 1.0, fluid_bound_alongside),
     Phase("order search", _orderable_large, ORDER_SEARCH_SHARE, order_search),
     Phase("order search", _orderable_small, ORDER_SEARCH_SHARE_SMALL, order_search),
     # At p = 8, m = 16 under a tight limit the relaxations lift the makespan bound from
@@ -404,7 +442,7 @@ PHASES: tuple[Phase, ...] = (
     # V-Half's: 12.7% -> 0.5%). One program first: where it cannot refute 1.5% below the
     # incumbent (V-Min's memory, where memory's discreteness binds) the relaxations get
     # the time on small problems, one test program decides on larger ones (fluid_bound).
-    Phase("fluid bound (every device)", _fluid_boundable, FLUID_SHARE, fluid_bound, min_seconds=fluid_program_seconds),
+    Phase("fluid bound (every device)", _fluid_in_front, FLUID_SHARE, fluid_bound, min_seconds=fluid_program_seconds),
     Phase("device relaxations (lower bound)", _relaxable, RELAXATION_SHARE, relaxation_bounds),
     Phase("window search", _small, WINDOW_SHARE_SMALL, window_search),
     Phase("whole CP-SAT model", _small, 1.0, whole_model, needs_incumbent=False),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.options import Progress, ProgressCallback
@@ -16,6 +17,14 @@ from optimizer.schedule import Schedule
 
 # Two makespans closer than this (relative) are the same: they come from float sums.
 SAME = 1e-9
+
+
+class BoundSource(Protocol):
+    """A bound being proven alongside the search (optimizer.exact.fluidbound.FluidRun)."""
+
+    def value(self) -> float: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -34,6 +43,8 @@ class Tracker:
     # Seconds kept at the end for turning the best order into the result (`result`): the
     # phases end this much before the time limit.
     finish_reserve: float = 0.0
+    # Bounds proven alongside the search (`watch`), with their reasons.
+    watched: list[tuple[BoundSource, str]] = field(default_factory=list)
 
     @property
     def deadline(self) -> float:
@@ -68,6 +79,24 @@ class Tracker:
         if value > self.bound * (1 + SAME):
             self.bound, self.bound_reason = value, reason
             self.report(reason)
+
+    def watch(self, source: BoundSource, reason: str) -> None:
+        """Take `source`'s bound at each `collect` until `release`."""
+        self.watched.append((source, reason))
+
+    def collect(self) -> None:
+        """Raise the bound with what the watched sources have proven so far."""
+        for source, reason in self.watched:
+            self.raise_bound(source.value(), reason)
+
+    def release(self) -> None:
+        """Collect a last time and stop the watched sources."""
+        try:
+            self.collect()
+        finally:
+            for source, _ in self.watched:
+                source.close()
+            self.watched.clear()
 
     def report(self, phase: str, incumbent: float | None = None) -> None:
         if self.on_progress is None:
