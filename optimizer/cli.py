@@ -76,6 +76,8 @@ def user_errors(command: Command) -> Command:
 INTERRUPTED = 130
 # The longest --time-limit taken (about 11 days): any finite number beyond is a typo.
 MAX_TIME_LIMIT = 1e6
+# CP-SAT takes a 32-bit seed.
+SEED_RANGE = (-(2**31), 2**31 - 1)
 # CP-SAT workers: beyond this a run only slows down (and a typo could start thousands of threads).
 MAX_THREADS = 256
 # The slice rules keep one cost per token (16.8M tokens: 134 MB, about a second).
@@ -112,9 +114,14 @@ def finite_option(option: str, value: float | None, *, low: float | None = None,
     if not math.isfinite(value):
         raise InputError(f"{option}: must be a finite number, got {value}")
     if low is not None and value < low:
-        raise InputError(f"{option}: must be at least {low:g}, got {value:g}")
+        raise InputError(f"{option}: must be at least {_shown(low)}, got {_shown(value)}")
     if high is not None and value > high:
-        raise InputError(f"{option}: must be at most {high:g}, got {value:g}")
+        raise InputError(f"{option}: must be at most {_shown(high)}, got {_shown(value)}")
+
+
+def _shown(number: float) -> str:
+    """A number as the user would write it (integers in full)."""
+    return str(number) if isinstance(number, int) else f"{number:g}"
 
 
 def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
@@ -338,6 +345,7 @@ def solve(
 
     finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
+    finite_option("--seed", seed, low=SEED_RANGE[0], high=SEED_RANGE[1])
     finite_option("--certify", certify, high=MAX_TIME_LIMIT)
     finite_option("--memory-limit", memory_limit, low=0.0)
     barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
@@ -528,6 +536,7 @@ def pareto(
 
     finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
+    finite_option("--seed", seed, low=SEED_RANGE[0], high=SEED_RANGE[1])
     values = parse_limits(limits)
     check_outputs([output, plot], [problem_file])
     if plot is not None:
@@ -755,6 +764,7 @@ def import_(
     """
     from optimizer.formats import torch_csv
 
+    check_outputs([output], [csv_file, problem_file])
     loaded = load_problem(problem_file)
     schedule, imported = torch_csv.import_schedule(torch_csv.read_csv_text(csv_file), loaded, str(csv_file))
     save_schedule(schedule, output)

@@ -17,6 +17,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -116,10 +117,35 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# A \uXXXX escape of a UTF-16 surrogate: only then can a decoded string hold a lone one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(data: object) -> str | None:
+    """The first string (key or value) holding a lone UTF-16 surrogate, which no file or
+    terminal can encode, or None."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= char <= "\udfff" for char in item):
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
 def parse_json(text: str, source: str) -> object:
-    """Strict JSON: finite numbers only, no duplicate keys; errors name `source`."""
+    """Strict JSON: finite numbers only, no duplicate keys, no lone surrogates in strings;
+    errors name `source`."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant, parse_float=_finite_float)
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant, parse_float=_finite_float)
+        if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(data)) is not None:
+            raise _BadJson(f"a string holds an unpaired UTF-16 surrogate ({bad[:20]!a})")
+        return data
     except json.JSONDecodeError as exc:
         raise InputError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except _BadJson as exc:

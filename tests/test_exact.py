@@ -4,7 +4,10 @@ auto never worse than the known schedules, infeasibility and time limits reporte
 from __future__ import annotations
 
 import math
+import os
 import random
+import signal
+import time
 
 import pytest
 from exact_brute_force import brute_force_optimum
@@ -236,6 +239,30 @@ def test_interrupt_returns_the_best_so_far():
     assert_valid(schedule)
     assert schedule.metrics.solve_seconds < 30
     assert seen[-1].phase == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_second_interrupt_while_the_result_is_made_keeps_the_best(monkeypatch):
+    # Ctrl-C twice in quick succession: the second lands while the best so far is turned
+    # into the result (a real signal, as from a terminal).
+    from optimizer.exact.tracker import Tracker
+
+    make_result = Tracker.result
+
+    def result_interrupted_again(self, method):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # the signal is handled (or ignored) by now
+        return make_result(self, method)
+
+    monkeypatch.setattr(Tracker, "result", result_interrupted_again)
+
+    def interrupt_after_first_incumbent(progress):
+        if progress.incumbent is not None and progress.phase != "interrupted":
+            raise KeyboardInterrupt
+
+    schedule = solve(zb_problem(4, 16, limit=3.0), "auto", SolveOptions(time_limit=60), on_progress=interrupt_after_first_incumbent)
+    assert_valid(schedule)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_interrupt_before_any_schedule_propagates():

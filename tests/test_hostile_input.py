@@ -117,11 +117,18 @@ def write_corpus(folder: Path) -> None:
         "raising_model.py": "def build_stages(num_stages):\n    raise RuntimeError('no weights here')\n",
         "syntax_model.py": "def build_stages(num_stages) return\n",
         "import_model.py": "import module_that_is_not_there\n",
+        "surrogate_method.json": schedule.replace('"method": "1f1b"', '"method": "\\ud800x"', 1),
+        "s.csv": "0F0,0F1\n1F0,1F1\n",
+        "latin1.csv": None,
+        "long_number.csv": "0F" + "9" * 5000 + "\n1F0\n",
+        "long_cell.csv": '"' + "x" * 200_000 + '"\n1F0\n',
     }
     for name, text in files.items():
         if text is not None:
             (folder / name).write_text(text)
     (folder / "latin1.json").write_bytes(b'{"num_devices": "\xe9"}')
+    (folder / "latin1.csv").write_bytes(b"0F0,\xe9\n1F0\n")
+    os.mkfifo(folder / "fifo.csv")
     for name, text in files.items():
         if name.endswith(".json") and text and not name.startswith("layers_"):
             assert text != (schedule if "start" in text else problem), f"corpus file {name} did not change"
@@ -185,6 +192,7 @@ SCHEDULE_FILES = {
     "folder.json": "directory",
     "huge.json": "bytes",
     "p.json": "not a pipesched schedule",
+    "surrogate_method.json": "unpaired UTF-16 surrogate",
 }
 
 
@@ -234,6 +242,32 @@ def cases() -> list[Case]:
         Case("solve-output-folder", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "{C}/folder.json"], ["directory"]),
         Case("show-output-is-input", ["show", "{C}/s.json", "-o", "{C}/s.json"], ["s.json", "is also the input"]),
         Case("show-output-folder", ["show", "{C}/s.json", "-o", "{C}/folder.json"], ["directory"]),
+        Case("solve-seed-over-32-bits", ["solve", "{C}/p.json", "--seed", "2147483648", "-o", "{O}/s.json"], ["--seed", "2147483647"]),
+        Case(
+            "pareto-seed-under-32-bits",
+            ["pareto", "{C}/p.json", "--limits", "2:4:1", "--seed", "-2147483649", "-o", "{O}/c.json"],
+            ["--seed"],
+        ),
+        Case(
+            "import-output-is-problem",
+            ["import", "{C}/s.csv", "--problem", "{C}/p.json", "-o", "{C}/p.json"],
+            ["p.json", "is also the input"],
+        ),
+        Case("import-output-is-csv", ["import", "{C}/s.csv", "--problem", "{C}/p.json", "-o", "{C}/s.csv"], ["s.csv", "is also the input"]),
+        Case("import-fifo", ["import", "{C}/fifo.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["fifo.csv", "FIFO"]),
+        Case("import-folder", ["import", "{C}/folder.json", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["folder.json", "directory"]),
+        Case("import-huge", ["import", "{C}/huge.json", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["huge.json", "bytes"]),
+        Case("import-latin1", ["import", "{C}/latin1.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["latin1.csv", "UTF-8"]),
+        Case(
+            "import-long-number",
+            ["import", "{C}/long_number.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"],
+            ["long_number.csv", "digits"],
+        ),
+        Case(
+            "import-long-cell",
+            ["import", "{C}/long_cell.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"],
+            ["long_cell.csv", "not a CSV"],
+        ),
         Case("show-output-unwritable", ["show", "{C}/s.json", "-o", "/proc/pipesched-test.svg"], ["/proc/pipesched-test.svg"]),
         # pareto: a bad plot path leaves the curve file (which exists) untouched
         Case(

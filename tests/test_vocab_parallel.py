@@ -19,7 +19,7 @@ from factories import other_schedules, random_feasible_order, random_problem, wi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.errors import InputError
+from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.canonical import canonical
 from optimizer.exact.slicebounds import lower_bound
@@ -285,3 +285,15 @@ def test_pictures_and_traces_show_the_passes(tmp_path, suffix):
     schedule = generate(with_vocab(uniform_problem(2, 3, placement="vshape")), "v-half")
     text = choose_format(f"s{suffix}").write(schedule)
     assert "shard" in text and text.count("shard") >= 2 * 2 * 3  # every pass named by its shard
+
+
+@pytest.mark.parametrize("family", ["v-auto", "greedy"])
+def test_a_memory_aware_family_names_the_whole_problems_smallest_limit(family):
+    # The families build on the problem without the passes, its limit lowered by their
+    # memory (0.5 here): the error must still speak of the limit the user gave (2) and of
+    # what fits with the passes (one activation of each of the device's 2 stages + 0.5).
+    problem = uniform_problem(2, 3, placement="vshape", mem_forward=1.0, mem_backward_input=-0.5, memory_limit=2.0)
+    problem = problem_from_json({**problem.model_dump(mode="json"), "vocab_parallel": {"forward": 0.5, "backward": 0.5, "memory": 0.5}})
+    assert problem.min_memory_limit() == [2.5, 2.5]
+    with pytest.raises(InfeasibleError, match=r"needs 2\.5 > limit 2\b.*smallest limit that fits is 2\.5"):
+        generate(problem, family)

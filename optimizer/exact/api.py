@@ -10,6 +10,9 @@ solve_seconds. Ctrl-C (KeyboardInterrupt) ends the search and returns the best s
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 
 from optimizer.errors import InputError
 from optimizer.exact.canonical import canonical
@@ -65,6 +68,7 @@ def solve(
     if early:
         problem_bound(problem, options, tracker, within_time=False)
     starts: list[Candidate] = []
+    interrupted = False
     try:
         if method == "auto":
             solve_auto(problem, options, tracker, bound_later=not early)
@@ -78,16 +82,32 @@ def solve(
                 else:
                     _whole_milp(problem, options, tracker)
     except KeyboardInterrupt:
-        if tracker.best is None:
-            raise
-        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while reporting: the best is still returned
+        interrupted = True
+    with _ignoring_interrupts() if interrupted else contextlib.nullcontext():
+        # Ctrl-C again while the best so far becomes the result would lose it.
+        if interrupted:
+            if tracker.best is None:
+                raise KeyboardInterrupt
             tracker.report("interrupted")
-    schedule = tracker.result(method)
+        schedule = tracker.result(method)
     if schedule is None:
         near = closest(starts)
         hint = f"; closest was {near.name}, {near.overshoot:.1%} over the limit" if near else ""
         raise NoScheduleFoundError(f"no schedule within the memory limit found in {options.time_limit:g} s{hint}")
     return schedule
+
+
+@contextlib.contextmanager
+def _ignoring_interrupts() -> Iterator[None]:
+    """Ignore Ctrl-C during the block (main thread, default handler only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _milp():

@@ -293,7 +293,13 @@ def _solve_with_highs_worker(model: pulp.LpProblem, time_limit: float, threads: 
         start = {v.name: v.varValue for v in model.variables() if v.varValue is not None}
         start_file.write_text(json.dumps({"time_limit": time_limit, "threads": threads, "seed": seed, "start": start}))
         # Its own session: a terminal's Ctrl-C reaches us only, and we stop the worker.
-        process = subprocess.Popen([sys.executable, str(worker), str(mps), str(start_file), str(out)], start_new_session=True)
+        # Its output goes nowhere: HiGHS prints a banner, which would break `--json` on stdout.
+        process = subprocess.Popen(
+            [sys.executable, str(worker), str(mps), str(start_file), str(out)],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             process.wait()
         except KeyboardInterrupt:

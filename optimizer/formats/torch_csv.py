@@ -25,6 +25,7 @@ from pathlib import Path
 
 from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
+from optimizer.io import read_input_bytes
 from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -41,6 +42,8 @@ OUR_KIND = {letter: kind for kind, letter in TORCH_LETTER.items()}
 _SKIPPED_KINDS = ("UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
 _ACTION = re.compile(r"^(\d+)(F|I|W|B|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
 _OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+# No problem has a stage or microbatch this long; longer numbers are refused before int().
+MAX_DIGITS = 9
 
 
 def action_text(op: Op) -> str:
@@ -99,15 +102,22 @@ def parse_cell(text: str, where: str) -> tuple[list[Op], bool, int]:
     for part in parts:
         match = _ACTION.match(part)
         if match is None:
-            raise InputError(f"{where}: '{text}' is not a torch action like 2F0, 2I0, 2W0, 2B0 or (0F7;7B3)OVERLAP_F_B")
+            raise InputError(f"{where}: '{_clipped(text)}' is not a torch action like 2F0, 2I0, 2W0, 2B0 or (0F7;7B3)OVERLAP_F_B")
         stage, letter, microbatch = match.groups()
         if letter in _SKIPPED_KINDS:
             skipped += 1
             continue
         if not microbatch:
             raise InputError(f"{where}: '{part}' has no microbatch number")
+        if max(len(stage), len(microbatch)) > MAX_DIGITS:
+            raise InputError(f"{where}: '{_clipped(part)}' has a stage or microbatch number longer than {MAX_DIGITS} digits")
         ops.append(Op(OUR_KIND[letter], int(stage), int(microbatch)))
     return ops, overlap is not None, skipped
+
+
+def _clipped(text: str, most: int = 40) -> str:
+    """A cell as an error message quotes it: at most `most` characters."""
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> ImportedOrder:
@@ -121,7 +131,10 @@ def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> Impo
         raise InputError(f"{source}: {NAME} has no token slices; the problem has {problem.num_slices} per microbatch")
     if problem.vocab_parallel is not None:
         raise InputError(f"{source}: {NAME} has no vocabulary passes (S, T); the problem has vocab_parallel")
-    rows = list(csv.reader(io.StringIO(text)))
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise InputError(f"{source}: not a CSV file ({exc})") from None
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()  # a trailing blank line is not a rank
     if len(rows) != problem.num_devices:
@@ -153,13 +166,11 @@ def _check_op(op: Op, rank: int, problem: Problem, where: str) -> None:
 
 
 def read_csv_text(path: str | Path) -> str:
-    path = Path(path)
+    """The text of a CSV file, with the checks every input file gets (optimizer.io)."""
     try:
-        return path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+        return read_input_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def import_schedule(text: str, problem: Problem, source: str = "schedule.csv", *, memory: bool = True) -> tuple[Schedule, ImportedOrder]:

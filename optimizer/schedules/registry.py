@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from optimizer.errors import InfeasibleError
 from optimizer.ops import Op
 from optimizer.problem import Problem
 
@@ -61,7 +62,16 @@ def _with_vocab_passes(build: Callable[[Problem], Orders]) -> Callable[[Problem]
             return build(problem)
         from optimizer.schedules.vocab_passes import base_problem, with_vocab_passes  # it builds on this module
 
-        return with_vocab_passes(problem, build(base_problem(problem)))
+        try:
+            base_orders = build(base_problem(problem))
+        except InfeasibleError:
+            # The base problem's limit is lowered by the passes' memory: where the whole
+            # problem does not fit either, say so in its own numbers.
+            from optimizer.schedules.listengine import check_memory_feasible
+
+            check_memory_feasible(problem)
+            raise
+        return with_vocab_passes(problem, base_orders)
 
     return built
 
@@ -72,7 +82,7 @@ def vocab_variant(generator: Generator, paper: str) -> Generator:
 
     def unsupported(problem: Problem) -> str | None:
         if problem.vocab_parallel is None:
-            return "needs vocabulary parallelism (the problem's vocab_parallel; pipesched problem --vocab-forward ...)"
+            return "needs vocabulary parallelism (the problem's vocab_parallel field, or a layers file solved with --vocab-parallel)"
         return generator.unsupported(problem.without_vocab())
 
     summary = f"{paper} with vocabulary passes (vocabulary parallelism)"
