@@ -27,6 +27,7 @@ from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact.incumbents import best_fitting, generator_candidates, objective_value
 from optimizer.exact.least_memory import least_memory_candidate, split_backwards_fit
 from optimizer.exact.options import SolveOptions
+from optimizer.exact.portfolio import AUTOMATIC_SCHEDULERS, AUTOMATIC_SHARE
 from optimizer.layers import LayersProfile
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -91,8 +92,9 @@ class _SplitSearch:
     began: float = field(default_factory=time.monotonic)
     trials: list[SplitTrial] = field(default_factory=list)
 
-    def score(self, split: Split, name: str, deadline: float | None) -> SplitTrial:
-        """Try `split`: its best known fitting schedule (families and automatic schedulers)."""
+    def score(self, split: Split, name: str, deadline: float, essential_deadline: float | None = None) -> SplitTrial:
+        """Try `split`: its best known fitting schedule (families and automatic schedulers;
+        those run until `essential_deadline` when given, the others until `deadline`)."""
         trial = SplitTrial(name, split, held=fixed_memory(self.profile, self.placement, split, self.vocab))
         self.trials.append(trial)
         try:
@@ -100,7 +102,9 @@ class _SplitSearch:
         except SplitInfeasible as error:
             trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
         else:
-            found, _ = generator_candidates(trial.problem, deadline=deadline)
+            found, _ = generator_candidates(
+                trial.problem, deadline=deadline, essential=AUTOMATIC_SCHEDULERS, essential_deadline=essential_deadline
+            )
             best = best_fitting(found, self.options.objective)
             if best is None and not split_backwards_fit(trial.problem):
                 # Only fused backwards fit (a B that allocates): the least-memory order fits
@@ -118,8 +122,11 @@ class _SplitSearch:
         limit, objective = self.options.time_limit, self.options.objective
         candidate_deadline = self.began + CANDIDATE_SHARE * limit
         for name, split in candidate_splits(self.profile, self.placement.num_stages, hand_rules=self.vocab is None).items():
-            # The even split is always scored in full: it is the baseline every choice is compared with.
-            self.score(split, name, None if name == "even" else max(candidate_deadline, time.monotonic() + 0.05 * limit))
+            deadline = max(candidate_deadline, time.monotonic() + 0.05 * limit)
+            # The even split is the baseline every choice is compared with: its automatic
+            # schedulers may take most of the time (the families only their share, which
+            # they take on large problems: 20 s for p = 256 at m = 65 before).
+            self.score(split, name, deadline, self.began + AUTOMATIC_SHARE * limit if name == "even" else None)
 
         # Local search: one layer across one boundary at a time, first improvement, while time lasts.
         search_deadline = self.began + (CANDIDATE_SHARE + LOCAL_SEARCH_SHARE) * limit

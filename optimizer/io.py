@@ -156,8 +156,8 @@ def parse_json(text: str, source: str) -> object:
         raise InputError(f"{source}: not valid JSON ({one_line(str(exc))})") from None
 
 
-def read_json(path: str | Path) -> object:
-    data = read_input_bytes(path)
+def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES) -> object:
+    data = read_input_bytes(path, limit)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -93,6 +93,37 @@ def test_split_problem_sums_layers_and_leaves_the_limit_after_fixed_memory():
     assert error.value.need == pytest.approx(limit, rel=1e-12)
 
 
+def _every_cut_dp(work: list[float], num_stages: int) -> tuple[int, ...]:
+    """The linear partition DP trying every last cut, first minimum kept: the reference."""
+    n = len(work)
+    prefix = [0.0, *itertools.accumulate(work)]
+    best = [[float("inf")] * (n + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        for i in range(k, n - (num_stages - k) + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    counts, i = [], n
+    for k in range(num_stages, 0, -1):
+        counts.append(i - cut[k][i])
+        i = cut[k][i]
+    return tuple(reversed(counts))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bottleneck_split_is_the_every_cut_dps_split(seed):
+    # Ties included: integer works, zero-work layers, equal layers.
+    rng = random.Random(seed)
+    n = rng.randint(1, 60)
+    stages = rng.randint(1, n)
+    kind = seed % 3
+    work = [float(rng.randint(0, 3)) if kind == 0 else 1.0 if kind == 1 else rng.uniform(0.0, 5.0) for _ in range(n)]
+    assert bottleneck_split(work, stages) == _every_cut_dp(work, stages)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_bottleneck_split_is_the_least_bottleneck_of_all_splits(seed):
     rng = random.Random(seed)

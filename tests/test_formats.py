@@ -98,3 +98,20 @@ def test_show_refuses_a_schedule_json_and_export_follows_the_name(tmp_path):
     assert "traceEvents" in json.loads((tmp_path / "t.trace.json").read_text())
     unknown = cli("export", tmp_path / "s.json", "-o", tmp_path / "x.txt")
     assert unknown.exit_code == 2 and "x.txt: no format ends the name like this" in unknown.stderr
+
+
+def test_every_schedule_written_can_be_read_back(tmp_path):
+    # A schedule holds its problem (read up to MAX_INPUT_BYTES) and its ops: the reader's
+    # limit must cover the largest problem plus MAX_OPS ops as written (long times, the
+    # widest fields), or `solve` could write what `validate` refuses.
+    from optimizer.formats.schedule_json import MAX_SCHEDULE_BYTES
+    from optimizer.io import MAX_INPUT_BYTES
+    from optimizer.problem import MAX_OPS
+
+    problem = uniform_problem(4, 64, 123456.789012, 234567.890123, 345678.901234, comm_time=0.123456789)
+    path = tmp_path / "s.json"
+    save_schedule(generate(problem, "zb-h1"), path)
+    problem_bytes = len(json.dumps(problem.model_dump(mode="json"), indent=1))
+    per_op = (path.stat().st_size - problem_bytes) / problem.num_ops
+    assert MAX_INPUT_BYTES + MAX_OPS * per_op <= MAX_SCHEDULE_BYTES
+    assert load_schedule(path).makespan == pytest.approx(generate(problem, "zb-h1").makespan)

@@ -51,12 +51,14 @@ def policies() -> list[Policy]:
     return sorted(grid, key=lambda policy: policy.eager_weights)  # stable: depth order kept
 
 
-def list_schedule(problem: Problem, policy: Policy) -> list[list[Op]]:
+def list_schedule(problem: Problem, policy: Policy, deadline: float | None = None) -> list[list[Op]]:
     """Per-device orders built by the engine under `policy` (it never gets stuck at any
     limit from problem.split_memory_limit() up). With vocabulary parallelism, the engine orders the
-    problem without the passes and they are woven in (optimizer.schedules.vocab_passes)."""
+    problem without the passes and they are woven in (optimizer.schedules.vocab_passes;
+    past `deadline`, time.monotonic(), the first way of weaving that fits is kept)."""
     if problem.vocab_parallel is not None:
         from optimizer.schedules.vocab_passes import base_problem, with_vocab_passes
 
-        return with_vocab_passes(problem, listengine.schedule_with(base_problem(problem), policy.engine_policy())[0])
+        base_orders = listengine.schedule_with(base_problem(problem), policy.engine_policy())[0]
+        return with_vocab_passes(problem, base_orders, deadline)
     return listengine.schedule_with(problem, policy.engine_policy())[0]

@@ -157,7 +157,7 @@ def _list_policies(problem: Problem, tracker: Tracker, grid: list[Policy], share
         too_late = tracker.left() < LIST_SECONDS_PER_OP * problem.num_ops or tracker.elapsed() >= share * tracker.time_limit
         if tracker.best is not None and too_late:
             break
-        c = candidate(problem, str(policy), list_schedule(problem, policy))
+        c = candidate(problem, str(policy), list_schedule(problem, policy, tracker.deadline))
         found.append(c)
         tracker.offer(c.schedule, c.name)
     return found

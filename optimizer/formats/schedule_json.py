@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
-from optimizer.io import read_json, validate_model, write_json_atomic
+from optimizer.io import MAX_INPUT_BYTES, read_json, validate_model, write_json_atomic
 from optimizer.ops import VOCAB_KINDS, TimedOp
 from optimizer.problem import MAX_OPS, MAX_VALUE, Problem
 from optimizer.schedule import Schedule
@@ -131,8 +131,13 @@ def _check_shape(problem: Problem, devices: list[list[TimedOp]], source: str) ->
                 raise InputError(f"{source}: devices.{d}.{k}.slice: {op.slice} is out of range ({problem.num_slices} slices)")
 
 
+# A schedule holds its problem (read up to MAX_INPUT_BYTES) and its ops, about 100 bytes
+# each as written: every schedule pipesched writes is read back.
+MAX_SCHEDULE_BYTES = MAX_INPUT_BYTES + MAX_OPS * 256
+
+
 def load_schedule(path: str | Path, *, check: bool = True) -> Schedule:
-    return schedule_from_json(read_json(path), str(path), check=check)
+    return schedule_from_json(read_json(path, MAX_SCHEDULE_BYTES), str(path), check=check)
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:

@@ -41,11 +41,13 @@ class Generator:
         object.__setattr__(self, "build", _with_vocab_passes(self.build))
 
     def build_within(self, problem: Problem, deadline: float) -> Orders:
-        """The family's orders, from the build that stops at `deadline` where it has one."""
-        if self.build_by is None:
-            return self.build(problem)
+        """The family's orders, from the build that stops at `deadline` where it has one
+        (and weaving vocabulary passes the first way that fits once it has passed)."""
         build_by = self.build_by
-        return _with_vocab_passes(lambda plain: build_by(plain, deadline))(problem)
+        if build_by is None:
+            # `build` weaves passes itself, but on the problem without them it builds plainly.
+            return _with_vocab_passes(self.build, deadline)(problem)
+        return _with_vocab_passes(lambda plain: build_by(plain, deadline), deadline)(problem)
 
     def reason(self, problem: Problem) -> str | None:
         """Why the family does not apply to `problem` (None: it does), slices included."""
@@ -56,7 +58,7 @@ class Generator:
         return self.unsupported(problem.without_vocab())
 
 
-def _with_vocab_passes(build: Callable[[Problem], Orders]) -> Callable[[Problem], Orders]:
+def _with_vocab_passes(build: Callable[[Problem], Orders], deadline: float | None = None) -> Callable[[Problem], Orders]:
     def built(problem: Problem) -> Orders:
         if problem.vocab_parallel is None:
             return build(problem)
@@ -71,7 +73,7 @@ def _with_vocab_passes(build: Callable[[Problem], Orders]) -> Callable[[Problem]
 
             check_memory_feasible(problem)
             raise
-        return with_vocab_passes(problem, base_orders)
+        return with_vocab_passes(problem, base_orders, deadline)
 
     return built
 

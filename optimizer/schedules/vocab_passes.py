@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -78,8 +79,10 @@ def base_problem(problem: Problem) -> Problem:
         return stripped
 
 
-def with_vocab_passes(problem: Problem, base_orders: Sequence[Sequence[Op]]) -> Orders:
-    """The shortest order (fitting the limit when any does) of `base_orders` with the passes woven in."""
+def with_vocab_passes(problem: Problem, base_orders: Sequence[Sequence[Op]], deadline: float | None = None) -> Orders:
+    """The shortest order (fitting the limit when any does) of `base_orders` with the passes
+    woven in; past `deadline` (time.monotonic()) the best so far once one fits (each way of
+    weaving is a list-scheduling run: 1-2 s at p = 32, m = 192 on the V placement)."""
     vocab = problem.vocab_parallel
     if vocab is None:
         raise InputError("vocab_parallel: the problem has no vocabulary passes to place")
@@ -97,6 +100,8 @@ def with_vocab_passes(problem: Problem, base_orders: Sequence[Sequence[Op]]) -> 
             key = (not schedule.fits_memory(), schedule.makespan)
             if best is None or key < best[0]:
                 best = (key, orders)
+            if deadline is not None and not best[0][0] and time.monotonic() >= deadline:
+                return best[1]
         if best is not None:
             return best[1]
     raise InfeasibleError("vocab_parallel: the vocabulary passes could not be placed into this schedule")
