@@ -10,9 +10,11 @@ never imports torch.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -137,6 +139,15 @@ def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         return INTERRUPTED
+    except OSError as error:
+        # Output files are written through optimizer.io, which names them; what reaches here
+        # is the standard output (a full disk, a closed pipe).
+        if error.errno not in (errno.ENOSPC, errno.EPIPE, errno.EIO):
+            raise
+        with contextlib.suppress(OSError):  # Python flushes it again at exit: let that pass
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"error: standard output: {error.strerror}", file=sys.stderr)
+        return 1
     return result if isinstance(result, int) else 0
 
 
@@ -299,7 +310,7 @@ def solve(
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.01, help="Seconds for the optimizer (auto, cpsat, milp)."),
     objective: str = typer.Option("makespan", help="makespan | span (longest single-device span)."),
-    solver: str = typer.Option("cbc", help="MILP back end for --method milp: cbc, highs, or a PuLP solver name."),
+    solver: str | None = typer.Option(None, help="MILP back end for --method milp: cbc (default), highs, or a PuLP solver name."),
     seed: int = typer.Option(0, help="Random seed of the optimizer."),
     threads: int = typer.Option(2, min=1, help="CP-SAT workers (fixed for repeatable runs)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress line on stderr."),
@@ -347,6 +358,9 @@ def solve(
     finite_option("--threads", threads, high=MAX_THREADS)
     finite_option("--seed", seed, low=SEED_RANGE[0], high=SEED_RANGE[1])
     finite_option("--certify", certify, high=MAX_TIME_LIMIT)
+    if solver is not None and method != "milp":
+        raise InputError(f"--solver: only for --method milp (it picks the MILP back end), not --method {method}")
+    solver = solver or "cbc"
     finite_option("--memory-limit", memory_limit, low=0.0)
     barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
     check_outputs([output], [problem_file])

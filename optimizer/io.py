@@ -43,9 +43,19 @@ def one_line(text: str) -> str:
 
 def describe_validation_error(error: ValidationError) -> str:
     """The first problem pydantic found, as `field.path: message`."""
-    first = error.errors()[0]
+    errors = error.errors()
+    first = errors[0]
+    # A field that takes a number or a list reports both branches: the deepest error of
+    # that field says where the input went wrong (a list's item, not "a valid number").
+    same_field = [e for e in errors if e["loc"][:1] == first["loc"][:1]]
+    first = max(same_field, key=lambda e: len(e["loc"]))
     # Union branches appear in the location as type tags ("constrained-float"); fields and indices name the place.
     location = ".".join(str(part) for part in first["loc"] if not isinstance(part, str) or part.isidentifier())
+    if first["type"] == "extra_forbidden" and first["loc"]:
+        unknown = str(first["loc"][-1])
+        shown = ascii(unknown if len(unknown) <= 40 else unknown[:40] + "...")
+        parent = ".".join(str(part) for part in first["loc"][:-1])
+        return f"{parent + ': ' if parent else ''}unknown field {shown}"
     message = first["msg"]
     # Our own model validators raise ValueError whose text already names the field.
     message = message.removeprefix("Value error, ")

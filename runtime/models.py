@@ -243,6 +243,12 @@ def vocabulary_stages(model: PipelineModel, name: str, source: str) -> Vocabular
 # ---------------------------------------------------------------------------- by name
 
 
+# The example model is for trying pipesched out on CPUs: options beyond these would not
+# fit a machine's memory (weights or one microbatch's activations, float32).
+EXAMPLE_MAX_OPTION = 1_000_000
+EXAMPLE_MAX_NUMBERS = 500_000_000
+
+
 def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     values: dict[str, int] = {}
@@ -264,7 +270,16 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
             raise InputError(f"model: option {key}='{value}' is not an integer") from None
         if values[key] < (0 if key == "seed" else 1):
             raise InputError(f"model: option {key}={value} must be positive")
+        if values[key] > EXAMPLE_MAX_OPTION:
+            raise InputError(f"model: option {key}={value} is more than the {EXAMPLE_MAX_OPTION} the example model takes")
     config = GPTConfig(**values)
+    weights = config.layers * 12 * config.hidden**2 + 2 * config.vocab * config.hidden
+    activations = config.layers * config.batch_size * config.seq_len * config.hidden
+    if max(weights, activations) > EXAMPLE_MAX_NUMBERS:
+        raise InputError(
+            f"model: the example model so configured holds about {max(weights, activations):.3g} numbers, "
+            f"more than the {EXAMPLE_MAX_NUMBERS:.0e} it builds (make layers, hidden, vocab, seq_len or batch_size smaller)"
+        )
     if split is not None and "layers" not in values:
         config = dataclasses.replace(config, layers=sum(split))
     return config, split

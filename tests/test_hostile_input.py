@@ -118,6 +118,10 @@ def write_corpus(folder: Path) -> None:
         "syntax_model.py": "def build_stages(num_stages) return\n",
         "import_model.py": "import module_that_is_not_there\n",
         "surrogate_method.json": schedule.replace('"method": "1f1b"', '"method": "\\ud800x"', 1),
+        "version_true.json": schedule.replace('"version": 1', '"version": true', 1),
+        "bound_text.json": schedule.replace('"metrics": {', '"metrics": {"lower_bound": "5",', 1),
+        "odd_key.json": problem.replace('"comm_time"', '"comm_t\\u0000ime\\u2603": 1, "comm_time"', 1),
+        "negative_in_limits.json": problem.replace('"memory_limit": null', '"memory_limit": [4, -1]', 1),
         "s.csv": "0F0,0F1\n1F0,1F1\n",
         "latin1.csv": None,
         "long_number.csv": "0F" + "9" * 5000 + "\n1F0\n",
@@ -165,6 +169,8 @@ PROBLEM_FILES = {
     "string_devices.json": "num_devices",
     "bool_devices.json": "num_devices",
     "duplicate_key.json": "'num_devices' appears twice",
+    "odd_key.json": "unknown field 'comm_t\\x00ime\\u2603'",
+    "negative_in_limits.json": "memory_limit.1: Input should be greater than 0",
     "million_microbatches.json": "num_microbatches",
     "float_microbatches.json": "num_microbatches",
     "many_devices.json": "num_devices",
@@ -193,6 +199,8 @@ SCHEDULE_FILES = {
     "huge.json": "bytes",
     "p.json": "not a pipesched schedule",
     "surrogate_method.json": "unpaired UTF-16 surrogate",
+    "version_true.json": "version True is not supported",
+    "bound_text.json": "metrics.lower_bound",
 }
 
 
@@ -242,6 +250,8 @@ def cases() -> list[Case]:
         Case("solve-output-folder", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "{C}/folder.json"], ["directory"]),
         Case("show-output-is-input", ["show", "{C}/s.json", "-o", "{C}/s.json"], ["s.json", "is also the input"]),
         Case("show-output-folder", ["show", "{C}/s.json", "-o", "{C}/folder.json"], ["directory"]),
+        Case("solve-solver-without-milp", ["solve", "{C}/p.json", "--solver", "highs", "-o", "{O}/s.json"], ["--solver", "milp"]),
+        Case("run-huge-example-model", ["run", "{C}/s.json", "--model", "example:layers=99999999999999999999999"], ["layers", "1000000"]),
         Case("solve-seed-over-32-bits", ["solve", "{C}/p.json", "--seed", "2147483648", "-o", "{O}/s.json"], ["--seed", "2147483647"]),
         Case(
             "pareto-seed-under-32-bits",
@@ -650,3 +660,20 @@ def test_ctrl_c_during_run_exits_130_without_traceback(tmp_path) -> None:
     # The rank server may still be importing torch when Ctrl-C comes; it exits on its own
     # once it sees its parent gone, within seconds.
     assert wait_for(lambda: not session_processes(process.pid), 20), session_processes(process.pid)
+
+
+def test_a_full_standard_output_is_one_line_not_a_traceback(tmp_path) -> None:
+    good = uniform_problem(2, 4)
+    (tmp_path / "p.json").write_text(json.dumps(good.model_dump(mode="json")))
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            CLI + ["solve", str(tmp_path / "p.json"), "--method", "1f1b", "-o", str(tmp_path / "s.json")],
+            env=environment,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=HANG_GUARD_SECONDS,
+        )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == ["error: standard output: No space left on device"]

@@ -41,7 +41,7 @@ class _OpRecord(BaseModel):
 
 
 class _MetricsRecord(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
     lower_bound: float | None = None
     gap: float | None = None
     status: str | None = None
@@ -83,7 +83,8 @@ def schedule_from_json(data: object, source: str = "schedule", *, check: bool = 
     if not isinstance(data, dict) or data.get("format") != NAME:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise InputError(f"{source}: not a pipesched schedule (format is {found!r}, expected {NAME!r})")
-    if data.get("version") not in VERSIONS:
+    version = data.get("version")
+    if type(version) is not int or version not in VERSIONS:  # true == 1 and 1.0 == 1 in Python
         raise InputError(
             f"{source}: schedule format version {data.get('version')!r} is not supported (this pipesched reads {', '.join(map(str, VERSIONS))})"
         )
