@@ -61,27 +61,25 @@ ORDER_SEARCH_SHARE_SMALL = 0.25
 # over the span more than on the step against the ops: 250 steps refuted 2% below `auto`'s
 # span at V-Half's memory from p = 8 to 32, 150-180 did not), more where programs are small
 # (FLUID_BUDGET started counts: 1000 steps on 4 devices of the V placement, 500 at p = 8).
-# A program then takes 1-4 s at p = 8 on the V placement and 10-20 s at p = 32 on 2 cores.
-# It gets this share of the time left (the device relaxations after it rarely raise the
-# bound at p >= 8) when the bound leaves more than FLUID_MIN_GAP open, and at least
-# FLUID_MIN_SECONDS.
+# A program then takes 3-6 s at p = 8 on the V placement and 15-25 s at p = 32 on 2 cores.
+# On small problems (in front of the relaxations) it gets this share of the time left when
+# the bound leaves more than FLUID_MIN_GAP open, and at least FLUID_MIN_SECONDS; on large
+# ones it runs alongside the search for the whole time left (fluid_bound_alongside).
 FLUID_SAMPLES = 300
 FLUID_BUDGET = 24_000
 FLUID_SHARE = 0.5
 FLUID_MIN_GAP = 0.005
 FLUID_MIN_SECONDS = 5.0
 # One program's time grows about with the square of its started counts (classes x
-# steps): 14.5 s to refute 1.5% below `auto`'s span at p = 32, m = 96 on the V placement
-# (192 classes x 300 steps) on 2 cores, 2.6 s at p = 16. Where the share would end the
-# phase inside its first program (p = 32 at a 60 s limit: 11 s left it nothing), the phase
-# gets the time of one program (with a margin) and the worker's start, as far as the time
-# left allows.
-FLUID_PROGRAM_SECONDS = 18.0
+# steps): 25 s to refute 1.5% below `auto`'s span at p = 32, m = 128 on the V placement
+# at p's memory (192 classes x 300 steps), 5-6 s at p = 8 (48 x 500), alone on 2 cores.
+# Where the share would end the phase inside its first program, the phase gets the time
+# of one program and the worker's start, as far as the time left allows.
+FLUID_PROGRAM_SECONDS = 25.0
 FLUID_PROGRAM_COUNTS = 57_600
 FLUID_WORKER_SECONDS = 2.0
 # With less time than this part of that estimate the first program would be cut off and
-# prove nothing (the estimate's margin is about 20%), so the phase does not start and the
-# search phases keep the time (p = 32 at a 30 s limit).
+# prove nothing, so the phase does not start (p = 32 at a 20 s limit).
 FLUID_START_SHARE = 0.75
 
 
@@ -439,9 +437,9 @@ PHASES: tuple[Phase, ...] = (
     # 1F1B's memory on Zero Bubble's settings.
     # What the relaxations of single devices and their neighbours leave open on the V
     # placement at V-Half's memory and at p is the devices together (p = 4, m = 8 at
-    # V-Half's: 12.7% -> 0.5%). One program first: where it cannot refute 1.5% below the
-    # incumbent (V-Min's memory, where memory's discreteness binds) the relaxations get
-    # the time on small problems, one test program decides on larger ones (fluid_bound).
+    # V-Half's: 12.7% -> 0.5%). On small problems one program first: where it cannot refute
+    # 1.5% below the incumbent (V-Min's memory, where memory's discreteness binds) the
+    # relaxations and the whole model get the time; larger ones run it alongside (above).
     Phase("fluid bound (every device)", _fluid_in_front, FLUID_SHARE, fluid_bound, min_seconds=fluid_program_seconds),
     Phase("device relaxations (lower bound)", _relaxable, RELAXATION_SHARE, relaxation_bounds),
     Phase("window search", _small, WINDOW_SHARE_SMALL, window_search),
