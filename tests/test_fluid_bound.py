@@ -361,6 +361,24 @@ def test_the_tracker_takes_a_watched_bound_at_each_collect_and_stops_it_on_relea
     assert tracker.bound == 12.0 and source.closed and not tracker.watched
 
 
+def test_a_watched_bound_is_stopped_once_the_gap_is_closed():
+    from optimizer.problem import uniform_problem
+    from optimizer.schedules import generate
+
+    tracker = Tracker("makespan", 60.0)
+    assert tracker.offer(generate(uniform_problem(2, 4), "1f1b"), "1f1b")
+    best = tracker.best_value
+    far, near = _FakeSource(0.5 * best), _FakeSource(0.5 * best)
+    tracker.watch(far, "far", until_gap=0.001)
+    tracker.watch(near, "near", until_gap=0.01)
+    tracker.collect()
+    assert not far.closed and not near.closed  # 50% open
+    near.proven = 0.995 * best  # within near's 1%, not within far's 0.1%
+    tracker.collect()
+    assert near.closed and not far.closed
+    assert [reason for _, reason, _ in tracker.watched] == ["far"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("interrupted", [False, True])
 def test_no_worker_outlives_auto(monkeypatch, interrupted):

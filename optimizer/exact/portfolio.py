@@ -408,7 +408,9 @@ def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: Solv
         threads=1,
         below_probe="bisect",
     )
-    tracker.watch(run, FLUID_REASON)
+    # Once the search closes the gap to FLUID_MIN_GAP the worker stops: its core goes back
+    # to the search (CP-SAT's window search takes both).
+    tracker.watch(run, FLUID_REASON, until_gap=FLUID_MIN_GAP)
 
 
 def periodic_patterns(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:

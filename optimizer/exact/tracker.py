@@ -43,8 +43,9 @@ class Tracker:
     # Seconds kept at the end for turning the best order into the result (`result`): the
     # phases end this much before the time limit.
     finish_reserve: float = 0.0
-    # Bounds proven alongside the search (`watch`), with their reasons.
-    watched: list[tuple[BoundSource, str]] = field(default_factory=list)
+    # Bounds proven alongside the search (`watch`): each with its reason and the gap
+    # (relative) at which it is no longer worth its core.
+    watched: list[tuple[BoundSource, str, float]] = field(default_factory=list)
 
     @property
     def deadline(self) -> float:
@@ -73,6 +74,7 @@ class Tracker:
             return False
         self.best, self.best_value, self.best_by = schedule, value, by
         self.report(by)
+        self.collect()
         return True
 
     def raise_bound(self, value: float, reason: str) -> None:
@@ -80,21 +82,29 @@ class Tracker:
             self.bound, self.bound_reason = value, reason
             self.report(reason)
 
-    def watch(self, source: BoundSource, reason: str) -> None:
-        """Take `source`'s bound at each `collect` until `release`."""
-        self.watched.append((source, reason))
+    def watch(self, source: BoundSource, reason: str, until_gap: float = 0.0) -> None:
+        """Take `source`'s bound at each `collect` (each phase and each better schedule)
+        until `release`, or until the gap is within `until_gap` (then it is stopped)."""
+        self.watched.append((source, reason, until_gap))
 
     def collect(self) -> None:
-        """Raise the bound with what the watched sources have proven so far."""
-        for source, reason in self.watched:
+        """Raise the bound with what the watched sources have proven so far; stop those
+        whose gap is closed."""
+        for source, reason, _ in self.watched:
             self.raise_bound(source.value(), reason)
+        if self.best is None:
+            return
+        closed = [w for w in self.watched if self.best_value - self.bound <= w[2] * self.best_value]
+        for source, _, _ in closed:
+            source.close()
+        self.watched = [w for w in self.watched if w not in closed]
 
     def release(self) -> None:
         """Collect a last time and stop the watched sources."""
         try:
             self.collect()
         finally:
-            for source, _ in self.watched:
+            for source, _, _ in self.watched:
                 source.close()
             self.watched.clear()
 
