@@ -367,23 +367,26 @@ def _fluid_worth_starting(problem: Problem, tracker: Tracker, seconds: float) ->
     return not too_short and best > 0 and (best - tracker.bound) > FLUID_MIN_GAP * best
 
 
-def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
-    """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
+def _fluid_run(problem: Problem, tracker: Tracker, until: float, *, threads: int, below_probe: str) -> fluidbound.FluidRun | None:
+    """A fluid worker bisecting between the tracker's bound and incumbent until `until`
+    (None where it is not worth starting)."""
     seconds = until - time.monotonic()
     if not _fluid_worth_starting(problem, tracker, seconds):
-        return
-    value = fluidbound.fluid_bound(
-        problem,
-        tracker.bound,
-        tracker.best_value,
-        time_limit=seconds,
-        step=tracker.best_value / _fluid_samples(problem),
-        threads=options.threads,
-        # Where the relaxation is weak (V-Min's memory) a fitting first probe hands these
-        # small problems to the device relaxations and the whole model, which prove more.
-        below_probe="stop",
+        return None
+    step = tracker.best_value / _fluid_samples(problem)
+    return fluidbound.FluidRun(
+        problem, tracker.bound, tracker.best_value, time_limit=seconds, step=step, threads=threads, below_probe=below_probe
     )
-    tracker.raise_bound(value, FLUID_REASON)
+
+
+def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
+    """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
+    # Where the relaxation is weak (V-Min's memory) a fitting first probe hands these small
+    # problems to the device relaxations and the whole model, which prove more.
+    run = _fluid_run(problem, tracker, until, threads=options.threads, below_probe="stop")
+    if run is not None:
+        with run:  # the worker stops itself at `until`; a build running over is stopped after
+            tracker.raise_bound(run.finish(until + FLUID_WORKER_SECONDS), FLUID_REASON)
 
 
 def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
@@ -391,23 +394,15 @@ def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: Solv
     while the search phases run; the tracker takes its bound at each phase and at the end.
 
     On large problems the order search, which takes most of the time, runs on one core,
-    and HiGHS's interior point method as good as on one (3.2 s a program at p = 8 with one
-    thread or two, 14.7 s at p = 32): side by side each keeps its core, and the bound gets
-    the whole time instead of a share after the search (20 s at p = 32 at a 60 s limit,
-    one program). With the time its own, the bisection goes on below a fitting first probe.
+    and HiGHS's interior point method is as fast on one thread as on two (3.2 s a program
+    at p = 8, 14.7 s at p = 32, either way): side by side each keeps its core, and the
+    bound gets the whole time instead of a share after the search (20 s at p = 32 at a
+    60 s limit, one program). With the time its own, the bisection goes on below a
+    fitting first probe.
     """
-    seconds = until - time.monotonic()
-    if not _fluid_worth_starting(problem, tracker, seconds):
+    run = _fluid_run(problem, tracker, until, threads=1, below_probe="bisect")
+    if run is None:
         return
-    run = fluidbound.FluidRun(
-        problem,
-        tracker.bound,
-        tracker.best_value,
-        time_limit=seconds,
-        step=tracker.best_value / _fluid_samples(problem),
-        threads=1,
-        below_probe="bisect",
-    )
     # Once the search closes the gap to FLUID_MIN_GAP the worker stops: its core goes back
     # to the search (CP-SAT's window search takes both).
     tracker.watch(run, FLUID_REASON, until_gap=FLUID_MIN_GAP)
