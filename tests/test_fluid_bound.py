@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import time
 from collections.abc import Callable
@@ -215,16 +216,18 @@ def test_the_auto_phase_raises_the_trackers_bound_and_skips_closed_gaps():
     assert closed.bound == best * (1 - portfolio.FLUID_MIN_GAP / 2)
 
 
-def _alongside(problem, tracker: Tracker, seconds: float) -> fluidbound.FluidRun | None:
-    """Start the large problems' phase and wait for its worker (at most `seconds`) as the
-    search would; the run, or None when it did not start one. The tracker still watches it."""
+def _alongside(problem, tracker: Tracker, seconds: float, enough: float = math.inf) -> fluidbound.FluidRun | None:
+    """Start the large problems' phase and wait for its worker as the search would: at most
+    `seconds`, or until it has proven `enough`. The run, or None when it did not start one;
+    the tracker still watches it."""
     until = time.monotonic() + seconds
     portfolio.fluid_bound_alongside(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, until)
     if not tracker.watched:
         return None
     run = tracker.watched[0][0]
     assert isinstance(run, fluidbound.FluidRun)
-    run.wait(until)
+    while time.monotonic() < until and run.value() < enough:
+        run.wait(min(until, time.monotonic() + 0.2))
     return run
 
 
@@ -237,7 +240,7 @@ def test_the_auto_phase_settles_the_gap_on_eight_devices():
     assert not portfolio._small(problem, SolveOptions(objective="span"))
     _, best, tracker = _v_auto_tracker(problem)
     assert tracker.bound < 0.95 * best
-    run = _alongside(problem, tracker, 40)
+    run = _alongside(problem, tracker, 40, enough=(1 - FIRST_PROBE) * best * (1 - TOLERANCE))
     assert run is not None
     tracker.collect()
     assert (1 - FIRST_PROBE) * best * (1 - TOLERANCE) <= tracker.bound <= best * (1 + TOLERANCE)
@@ -254,7 +257,7 @@ def test_the_auto_phase_bisects_below_a_fitting_probe_on_large_problems():
     problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")
     _, best, tracker = _v_auto_tracker(problem)
     static = tracker.bound
-    assert _alongside(problem, tracker, 40) is not None
+    assert _alongside(problem, tracker, 40, enough=static * 1.05) is not None
     tracker.release()
     assert static * 1.05 <= tracker.bound < (1 - FIRST_PROBE) * best
 
