@@ -83,11 +83,6 @@ def default_samples(num_stages: int, budget: int = SAMPLE_BUDGET) -> int:
 FIRST_PROBE = 0.015
 
 BELOW_PROBE = ("bisect", "stop")
-# Where the first probe fits, the relaxation is weak on this problem, and its optimum tends
-# to lie nearer the known bound than the schedule: the next probe is this far up from the
-# bound, not halfway (28.3B p32 m96 at V-Min's memory: the static bound 3390, the span
-# 3865, the relaxation proves about 3540).
-AFTER_FITTING_PROBE = 0.25
 
 # A proof is reported this much (relative) below the Z the solver refuted, for the
 # solver's feasibility tolerance.
@@ -355,8 +350,8 @@ def bisect(
 
     The first probe is FIRST_PROBE below `high`: one refutation there settles the gap to it.
     Where it fits (the relaxation is weak there, as at V-Min's memory), `below_probe` says
-    what follows: "bisect" goes on, AFTER_FITTING_PROBE of the way up from `low` first, then
-    halving; "stop" ends the search, leaving the time to other bounds.
+    what follows: "bisect" goes on halving; "stop" ends the search, leaving the time to
+    other bounds.
     """
     if below_probe not in BELOW_PROBE:
         raise ValueError(f"below_probe must be one of {BELOW_PROBE}, not {below_probe!r}")
@@ -365,8 +360,6 @@ def bisect(
     while high - low > tolerance * high and time.monotonic() < deadline:
         if tried == 0 and low < probe < high:
             z = probe
-        elif tried == 1 and high <= probe:
-            z = low + AFTER_FITTING_PROBE * (high - low)
         else:
             z = (low + high) / 2
         lp = build_program(data, z, step or z / default_samples(data.num_stages))
