@@ -377,7 +377,10 @@ def test_anchored_sets_start_with_the_first_device_and_follow_the_pipeline():
 def test_the_first_device_with_its_neighbours_bounds_the_span_above_the_device_alone():
     # Alone, device 0 proves 476.08 ms; with devices 1 and 2 kept in its frame, 509.12; the
     # optimum is 531.51 (the whole model proves it). Both figures were measured once; the
-    # test asks for the set's gain, well inside them, and never past v-auto's span.
+    # test asks for the set's gain, well inside them, and never past v-auto's span. The
+    # sets take 12 s alone on 2 cores, 24 s beside two busy processes; one CI run on a
+    # loaded machine stopped at 481.98 after 40 s, so they get 90 s (a deadline, not a
+    # target: the call returns as soon as the sets are done).
     problem = small_v_at_v_min(8)
     start = simulate(problem, GENERATORS["v-auto"].build(problem))
     upper = objective_value(start, "span")
@@ -385,7 +388,7 @@ def test_the_first_device_with_its_neighbours_bounds_the_span_above_the_device_a
     bound = device_subset_bound(
         problem,
         upper=upper,
-        deadline=time.monotonic() + 40,
+        deadline=time.monotonic() + 90,
         threads=2,
         objective="span",
         incumbent=start.devices,
