@@ -41,6 +41,11 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split("\n")).replace("\r", " ")
 
 
+def clipped(text: str, most: int = 40) -> str:
+    """Input quoted in a message: at most `most` characters (a name may be megabytes long)."""
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def describe_validation_error(error: ValidationError) -> str:
     """The first problem pydantic found, as `field.path: message`."""
     errors = error.errors()
@@ -53,7 +58,7 @@ def describe_validation_error(error: ValidationError) -> str:
     location = ".".join(str(part) for part in first["loc"] if not isinstance(part, str) or part.isidentifier())
     if first["type"] == "extra_forbidden" and first["loc"]:
         unknown = str(first["loc"][-1])
-        shown = ascii(unknown if len(unknown) <= 40 else unknown[:40] + "...")
+        shown = ascii(clipped(unknown))
         parent = ".".join(str(part) for part in first["loc"][:-1])
         return f"{parent + ': ' if parent else ''}unknown field {shown}"
     message = first["msg"]
@@ -166,13 +171,16 @@ def parse_json(text: str, source: str) -> object:
         raise InputError(f"{source}: not valid JSON ({one_line(str(exc))})") from None
 
 
-def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES) -> object:
-    data = read_input_bytes(path, limit)
+def read_input_text(path: str | Path, limit: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of an input file (`read_input_bytes`'s checks); InputError naming it otherwise."""
     try:
-        text = data.decode("utf-8")
+        return read_input_bytes(path, limit).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    return parse_json(text.removeprefix("\ufeff"), str(path))
+
+
+def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES) -> object:
+    return parse_json(read_input_text(path, limit).removeprefix("\ufeff"), str(path))
 
 
 def validate_model(model: type[Model], data: object, source: str) -> Model:

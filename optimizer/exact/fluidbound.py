@@ -84,6 +84,10 @@ FIRST_PROBE = 0.015
 
 BELOW_PROBE = ("bisect", "stop")
 
+# A worker stops itself at its time limit, between programs; one whose last program's
+# build or solve runs over is stopped this long after it (its proofs are already written).
+OVERRUN_SECONDS = 2.0
+
 # A proof is reported this much (relative) below the Z the solver refuted, for the
 # solver's feasibility tolerance.
 SAFETY = 1e-6
@@ -356,25 +360,22 @@ def bisect(
     if below_probe not in BELOW_PROBE:
         raise ValueError(f"below_probe must be one of {BELOW_PROBE}, not {below_probe!r}")
     probe = max(low, high * (1 - FIRST_PROBE))
-    tried = 0
+    first = True
     while high - low > tolerance * high and time.monotonic() < deadline:
-        if tried == 0 and low < probe < high:
-            z = probe
-        else:
-            z = (low + high) / 2
+        z = probe if first and low < probe < high else (low + high) / 2
         lp = build_program(data, z, step or z / default_samples(data.num_stages))
         answer = False if lp is None else _feasible(lp, deadline - time.monotonic(), threads)
-        tried += 1
         # An answer without a verdict (the time ran out, or the interior point method
         # stalled) proves nothing, like a feasible one; the loop's condition ends the search
         # at the deadline.
         if answer is not False:
-            if tried == 1 and below_probe == "stop":
+            if first and below_probe == "stop":
                 break
             high = z
         else:
             low = z * (1 - SAFETY)
             on_proof(low)
+        first = False
     return low
 
 
@@ -477,9 +478,7 @@ def fluid_bound(
     with FluidRun(
         problem, low, high, time_limit=time_limit, step=step, tolerance=tolerance, threads=threads, below_probe=below_probe
     ) as run:
-        # The worker stops itself at the limit; should a program's build or solve run
-        # over, it is stopped just after (its proofs are written as they come: none is lost).
-        return run.finish(began + time_limit + 2)
+        return run.finish(began + time_limit + OVERRUN_SECONDS)
 
 
 def certify(schedule: Schedule, objective: str, seconds: float) -> bool:

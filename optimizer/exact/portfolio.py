@@ -385,8 +385,8 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     # problems to the device relaxations and the whole model, which prove more.
     run = _fluid_run(problem, tracker, until, threads=options.threads, below_probe="stop")
     if run is not None:
-        with run:  # the worker stops itself at `until`; a build running over is stopped after
-            tracker.raise_bound(run.finish(until + FLUID_WORKER_SECONDS), FLUID_REASON)
+        with run:
+            tracker.raise_bound(run.finish(until + fluidbound.OVERRUN_SECONDS), FLUID_REASON)
 
 
 def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:

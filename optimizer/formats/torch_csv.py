@@ -25,7 +25,7 @@ from pathlib import Path
 
 from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
-from optimizer.io import read_input_bytes
+from optimizer.io import clipped, read_input_text
 from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -102,7 +102,7 @@ def parse_cell(text: str, where: str) -> tuple[list[Op], bool, int]:
     for part in parts:
         match = _ACTION.match(part)
         if match is None:
-            raise InputError(f"{where}: '{_clipped(text)}' is not a torch action like 2F0, 2I0, 2W0, 2B0 or (0F7;7B3)OVERLAP_F_B")
+            raise InputError(f"{where}: '{clipped(text)}' is not a torch action like 2F0, 2I0, 2W0, 2B0 or (0F7;7B3)OVERLAP_F_B")
         stage, letter, microbatch = match.groups()
         if letter in _SKIPPED_KINDS:
             skipped += 1
@@ -110,14 +110,9 @@ def parse_cell(text: str, where: str) -> tuple[list[Op], bool, int]:
         if not microbatch:
             raise InputError(f"{where}: '{part}' has no microbatch number")
         if max(len(stage), len(microbatch)) > MAX_DIGITS:
-            raise InputError(f"{where}: '{_clipped(part)}' has a stage or microbatch number longer than {MAX_DIGITS} digits")
+            raise InputError(f"{where}: '{clipped(part)}' has a stage or microbatch number longer than {MAX_DIGITS} digits")
         ops.append(Op(OUR_KIND[letter], int(stage), int(microbatch)))
     return ops, overlap is not None, skipped
-
-
-def _clipped(text: str, most: int = 40) -> str:
-    """A cell as an error message quotes it: at most `most` characters."""
-    return text if len(text) <= most else text[:most] + "..."
 
 
 def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> ImportedOrder:
@@ -167,10 +162,7 @@ def _check_op(op: Op, rank: int, problem: Problem, where: str) -> None:
 
 def read_csv_text(path: str | Path) -> str:
     """The text of a CSV file, with the checks every input file gets (optimizer.io)."""
-    try:
-        return read_input_bytes(path).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    return read_input_text(path)
 
 
 def import_schedule(text: str, problem: Problem, source: str = "schedule.csv", *, memory: bool = True) -> tuple[Schedule, ImportedOrder]:
