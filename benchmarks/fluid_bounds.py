@@ -8,10 +8,11 @@ keeps every device at once; its answer is a proof that no schedule is shorter th
 (the span objective, the first op at 0), whatever time `auto` was given.
 
 Columns: `auto`'s span at 60 s, the bound `auto` reported and its gap, the fluid bound
-and the gap it leaves, its grid step (ms; default: each tested Z over
-fluidbound.default_samples, 1000 steps at p = 8 on the V placement) and seconds.
+and the gap it leaves, its grid step (ms; default, as `--certify`: the span over
+fluidbound.default_samples, 1000 at p = 8 on the V placement, refined while time is left;
+every `--coarse`-th step between the ramps) and seconds.
 
-    python benchmarks/fluid_bounds.py [--seconds 300] [--only TEXT] [--step MS] [--output PATH]
+    python benchmarks/fluid_bounds.py [--seconds 300] [--only TEXT] [--step MS] [--coarse N] [--output PATH]
 
 Results: benchmarks/results/fluid_bounds.json and fluid_bounds.md.
 """
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem, setting_named
 from benchmarks.saving import save_results
-from optimizer.exact.fluidbound import fluid_bound
+from optimizer.exact.fluidbound import COARSE, default_samples, fluid_bound
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCE = RESULTS / "published-60s.json"
@@ -42,12 +43,16 @@ def known_cases(source: Path, only: str) -> list[dict]:
     return [row for row in rows if row["placement"] == "vshape" and row["level"] in LEVELS and only in row["case"]]
 
 
-def measure(row: dict, seconds: float, step: float | None) -> dict:
+def measure(row: dict, seconds: float, step: float | None, coarse: int) -> dict:
     auto = row["auto"][-1]
     setting = setting_named(f"{row['model']}-p{row['p']}-m{row['m']}")
     problem = published_problem(setting, row["memory_limit"], "vshape")
     started = time.monotonic()
-    value = fluid_bound(problem, auto["lower_bound"], auto["span"], time_limit=seconds, step=step)
+    if step is None:  # as --certify: the default samples over the span, refined while time is left
+        samples = default_samples(problem.num_stages)
+        value = fluid_bound(problem, auto["lower_bound"], auto["span"], time_limit=seconds, samples=samples, coarse=coarse, refine=True)
+    else:
+        value = fluid_bound(problem, auto["lower_bound"], auto["span"], time_limit=seconds, step=step, coarse=coarse)
     return {
         "case": row["case"],
         "span": auto["span"],
@@ -55,7 +60,8 @@ def measure(row: dict, seconds: float, step: float | None) -> dict:
         "auto_gap": 1 - auto["lower_bound"] / auto["span"],
         "fluid_bound": value,
         "fluid_gap": 1 - value / auto["span"],
-        "step": step,  # None: each tested Z / fluidbound.default_samples
+        "step": step,  # None: the span / fluidbound.default_samples, refined
+        "coarse": coarse,
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -88,21 +94,24 @@ def main() -> None:
     parser.add_argument(
         "--step", type=float, default=None, help="grid step in ms (default: the tested span over fluidbound.default_samples)"
     )
+    parser.add_argument("--coarse", type=int, default=COARSE, help=f"keep every N-th step between the ramps (default {COARSE}; 1: uniform)")
     parser.add_argument("--source", type=Path, default=SOURCE, help="the published suite's results to bound")
     parser.add_argument("--output", type=Path, default=RESULTS / "fluid_bounds.json")
     args = parser.parse_args()
     if args.seconds <= 0:
         parser.error("--seconds: must be positive")
+    if args.coarse < 1:
+        parser.error("--coarse: must be at least 1")
     rows = []
     for row in known_cases(args.source, args.only):
-        result = measure(row, args.seconds, args.step)
+        result = measure(row, args.seconds, args.step, args.coarse)
         rows.append(result)
         print(
             f"{result['case']}: span {result['span']:.1f}, bound {result['auto_bound']:.1f} -> {result['fluid_bound']:.1f}"
             f" (gap {100 * result['auto_gap']:.2f}% -> {100 * result['fluid_gap']:.2f}%) in {result['seconds']:.0f} s",
             flush=True,
         )
-        payload = {"seconds": args.seconds, "step": args.step, "only": args.only, "results": rows}
+        payload = {"seconds": args.seconds, "step": args.step, "coarse": args.coarse, "only": args.only, "results": rows}
         save_results(args.output, payload, table(rows, args.seconds))
     if not rows:
         print(f"no case matches {args.only!r}", file=sys.stderr)

@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from benchmarks.published import published_problem, setting_named
 from optimizer.cli import app
+from optimizer.errors import InfeasibleError
 from optimizer.exact import fluidbound, portfolio
 from optimizer.exact.bounds import lower_bound
-from optimizer.exact.fluidbound import FIRST_PROBE, _data, applicable, build_program, fluid_bound
+from optimizer.exact.fluidbound import FIRST_PROBE, _data, applicable, build_program, fluid_bound, grid, ramps
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.options import SolveOptions
 from optimizer.exact.spantiming import timed_for
@@ -92,7 +93,7 @@ def _script_verdicts(monkeypatch, verdict: Callable[[float], bool | None]) -> li
         tested.append(z)
         return verdict(z)
 
-    monkeypatch.setattr(fluidbound, "build_program", lambda data, z, step: z)
+    monkeypatch.setattr(fluidbound, "build_program", lambda data, z, step, coarse=1: z)
     monkeypatch.setattr(fluidbound, "_feasible", lambda lp, seconds, threads: answer(lp))
     return tested
 
@@ -119,6 +120,33 @@ def test_stop_ends_the_search_after_a_fitting_first_probe(monkeypatch):
     assert (value, len(tested)) == (100.0, 1)
     value, tested = _scripted_bisection(monkeypatch, 110.0, "bisect")
     assert 109.8 <= value <= 110.0 and len(tested) > 2
+
+
+def test_a_refining_bisection_goes_on_with_a_finer_grid_once_it_has_settled(monkeypatch):
+    # Scripted programs: on the first grid they fit above 150, on any finer one above 170
+    # (a finer grid is a tighter relaxation). Settled at 150 with time left, the refining
+    # bisection grows its samples and proves 170; without `refine` it stops at 150.
+    data = _tiny_data()
+    first_step = fluidbound.graded_step(data, 200.0, 10, 2)
+    steps: list[float] = []
+
+    def program(data, z, step, coarse=1):
+        steps.append(step)
+        return z, step
+
+    def verdict(lp, seconds, threads):
+        z, step = lp
+        return z > (150.0 if step >= first_step else 170.0)
+
+    monkeypatch.setattr(fluidbound, "build_program", program)
+    monkeypatch.setattr(fluidbound, "_feasible", verdict)
+    deadline = time.monotonic() + 30
+    plain = fluidbound.bisect(data, 100.0, 200.0, deadline=deadline, samples=10, coarse=2, tolerance=0.001)
+    assert 149.8 <= plain <= 150.0
+    assert set(steps) == {first_step}
+    refined = fluidbound.bisect(data, 100.0, 200.0, deadline=deadline, samples=10, coarse=2, tolerance=0.001, refine=True)
+    assert 169.8 <= refined <= 170.0
+    assert min(steps) < first_step / fluidbound.REFINE_FACTOR * 1.01
 
 
 def test_an_unknown_below_probe_mode_is_refused():
@@ -293,7 +321,7 @@ def test_the_phase_does_not_start_a_program_it_cannot_finish():
     tracker = Tracker("span", 60.0)
     tracker.offer(incumbent, "v-half")
     tracker.raise_bound(0.9 * objective_value(incumbent, "span"), "given")
-    short = 0.9 * portfolio.FLUID_START_SHARE * portfolio.fluid_program_seconds(problem)
+    short = 0.9 * portfolio.FLUID_START_SHARE * portfolio.fluid_program_seconds(problem, portfolio.FLUID_FIRST_SAMPLES)
     assert short > portfolio.FLUID_MIN_SECONDS
     started = time.monotonic()
     assert _alongside(problem, tracker, short) is None
@@ -340,6 +368,93 @@ def test_the_least_shortfall_is_nothing_at_a_schedules_span_and_refutes_below_th
     assert below is not None
     least = fluidbound.shortfall(below, 60, 2)
     assert least is not None and least > 100 * fluidbound.SHORTFALL_TOLERANCE
+
+
+def test_the_graded_grid_keeps_every_step_in_the_ramps_and_thins_out_between():
+    problem = published_problem(setting_named("1.5B-p8-m64"), 5.0, "vshape")
+    data = _data(problem)
+    z, step, coarse = 3200.0, 4.0, 4
+    warm, drain = ramps(data)
+    assert 0 < warm < z / 4 and 0 < drain < z / 2  # a steady state in between
+    uniform, points = grid(data, z, step), grid(data, z, step, coarse)
+    last = math.floor(z / step) + 1
+    assert uniform == list(range(last + 1))
+    assert points[0] == 0 and points[-1] == last
+    gaps = [b - a for a, b in zip(points, points[1:])]
+    assert min(gaps) >= 1 and max(gaps) == coarse
+    for a, gap in zip(points, gaps):
+        if a < warm / step - 1 or a * step >= z - drain:
+            assert gap == 1, (a, gap)
+    assert len(points) < 0.7 * len(uniform)
+
+
+# Random problems with a steady state (m = 10 on 2-3 devices): every schedule's own counts
+# (ops started, work done, by each sample time, its first op at 0) must meet every row of
+# the program at its span, on uniform and coarse grids alike, with no shortfall. That is
+# what makes a refuted Z a proof; the rounding of each row goes the relaxing way on any
+# grid of multiples of the step.
+GRADED = [(seed, placement, p) for seed in range(4) for placement, p in (("vshape", 2), ("linear", 3))]
+# Float noise in the rows' sums (times and counts of order 100).
+ROW_SLACK = 1e-6
+
+
+@pytest.mark.parametrize("seed, placement, p", GRADED)
+def test_every_schedule_meets_the_program_at_its_span_on_coarse_grids(seed, placement, p):
+    problem = random_problem(random.Random(seed), p, 10, placement, limit=2.0, decimals=2, forward_memory=(1.0, 0.5))
+    assert applicable(problem)
+    data = _data(problem)
+    schedules = []
+    for name in ("1f1b", "zb-h1", "greedy", "v-auto", "zb-auto", "gpipe"):
+        generator = GENERATORS.get(name)
+        if generator is None or generator.reason(problem) is not None:
+            continue
+        try:
+            schedule = timed_for(problem, generator.build(problem), "span")
+        except InfeasibleError:
+            continue
+        if schedule.fits_memory():
+            schedules.append(schedule)
+    assert len(schedules) >= 2
+    for schedule in schedules:
+        z = objective_value(schedule, "span")
+        for coarse in (1, 2, 5):
+            step = z / 80
+            if coarse > 1:
+                assert len(grid(data, z, step, coarse)) < len(grid(data, z, step))
+            lp = build_program(data, z, step, coarse)
+            assert lp is not None
+            _assert_meets_every_row(lp, schedule)
+
+
+def _assert_meets_every_row(lp, schedule) -> None:
+    """The schedule's own values (see fluidbound._Program.meaning) within every bound and row.
+    A fused backward counts as its B then its W (the program applies where fusing never wins)."""
+    tables = schedule.problem.tables()
+    ops = []
+    for op in (op for device in schedule.devices for op in device):
+        if op.kind == "BW":
+            split = op.start + tables.backward_input[op.stage]
+            ops += [op._replace(kind="B", end=split), op._replace(kind="W", start=split)]
+        else:
+            ops.append(op)
+    origin = min(op.start for op in ops if op.kind == "F" and op.stage == 0)
+    device_of = tables.device
+
+    def value(meaning: tuple) -> float:
+        if meaning[0] == "started":
+            (kind, stage), t = meaning[1], meaning[2]
+            return float(sum(1 for op in ops if (op.kind, op.stage) == (kind, stage) and op.start - origin <= t + ROW_SLACK))
+        if meaning[0] == "done":
+            device, t = meaning[1], meaning[2]
+            return sum(min(max(t - (op.start - origin), 0.0), op.end - op.start) for op in ops if device_of[op.stage] == device)
+        return 0.0  # the shortfall
+
+    values = [value(meaning) for meaning in lp.meaning]
+    for v, (x, low, high) in enumerate(zip(values, lp.lower, lp.upper)):
+        assert low - ROW_SLACK <= x <= high + ROW_SLACK, (lp.meaning[v], x, low, high)
+    for low, high, columns, coefficients in lp.rows:
+        total = sum(values[c] * a for c, a in zip(columns, coefficients))
+        assert low - ROW_SLACK <= total <= high + ROW_SLACK, ([lp.meaning[c] for c in columns], total, low, high)
 
 
 class _FakeSource:

@@ -67,6 +67,12 @@ ORDER_SEARCH_SHARE_SMALL = 0.25
 # ones it runs alongside the search for the whole time left (fluid_bound_alongside).
 FLUID_SAMPLES = 300
 FLUID_BUDGET = 24_000
+# Alongside the search, the bisection starts from a grid of this many times and refines it
+# each time it settles (fluidbound.bisect's `refine`): at 50 s on one core, 200 graded
+# times then finer gave the highest bound or near it on six V cases from p = 8 to 32
+# (p32 m256 at V-Half's memory: gap 1.13% where 300 uniform steps proved 1.50%; 6.2B p8
+# m64 at V-Min's: 9.28% against 10.03%; 14.6B p16 m128 at V-Half's: 0.38% against 1.31%).
+FLUID_FIRST_SAMPLES = 200
 FLUID_SHARE = 0.5
 FLUID_MIN_GAP = 0.005
 FLUID_MIN_SECONDS = 5.0
@@ -351,31 +357,41 @@ def _fluid_samples(problem: Problem) -> int:
     return max(FLUID_SAMPLES, fluidbound.default_samples(problem.num_stages, FLUID_BUDGET))
 
 
-def fluid_program_seconds(problem: Problem) -> float:
-    """About how long the fluid phase's first answer takes (one program and the worker's start)."""
-    counts = fluidbound.CLASSES_PER_STAGE * problem.num_stages * _fluid_samples(problem)
+def fluid_program_seconds(problem: Problem, samples: int | None = None) -> float:
+    """About how long the fluid phase's first answer takes (one program of `samples` grid
+    times, by default the phase in front's, and the worker's start)."""
+    counts = fluidbound.CLASSES_PER_STAGE * problem.num_stages * (samples or _fluid_samples(problem))
     return FLUID_WORKER_SECONDS + FLUID_PROGRAM_SECONDS * (counts / FLUID_PROGRAM_COUNTS) ** 2
 
 
 FLUID_REASON = "fluid bound: every device at once (optimizer.exact.fluidbound)"
 
 
-def _fluid_worth_starting(problem: Problem, tracker: Tracker, seconds: float) -> bool:
+def _fluid_worth_starting(problem: Problem, tracker: Tracker, seconds: float, samples: int) -> bool:
     """Whether the gap is open and the time left is enough for a first answer."""
     best = tracker.best_value
-    too_short = seconds < max(FLUID_MIN_SECONDS, FLUID_START_SHARE * fluid_program_seconds(problem))
+    too_short = seconds < max(FLUID_MIN_SECONDS, FLUID_START_SHARE * fluid_program_seconds(problem, samples))
     return not too_short and best > 0 and (best - tracker.bound) > FLUID_MIN_GAP * best
 
 
-def _fluid_run(problem: Problem, tracker: Tracker, until: float, *, threads: int, below_probe: str) -> fluidbound.FluidRun | None:
+def _fluid_run(
+    problem: Problem, tracker: Tracker, until: float, *, threads: int, below_probe: str, samples: int, refine: bool = False
+) -> fluidbound.FluidRun | None:
     """A fluid worker bisecting between the tracker's bound and incumbent until `until`
-    (None where it is not worth starting)."""
+    (None where it is not worth starting), from about `samples` grid times."""
     seconds = until - time.monotonic()
-    if not _fluid_worth_starting(problem, tracker, seconds):
+    if not _fluid_worth_starting(problem, tracker, seconds, samples):
         return None
-    step = tracker.best_value / _fluid_samples(problem)
     return fluidbound.FluidRun(
-        problem, tracker.bound, tracker.best_value, time_limit=seconds, step=step, threads=threads, below_probe=below_probe
+        problem,
+        tracker.bound,
+        tracker.best_value,
+        time_limit=seconds,
+        samples=samples,
+        coarse=fluidbound.COARSE,
+        threads=threads,
+        below_probe=below_probe,
+        refine=refine,
     )
 
 
@@ -383,7 +399,7 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
     # Where the relaxation is weak (V-Min's memory) a fitting first probe hands these small
     # problems to the device relaxations and the whole model, which prove more.
-    run = _fluid_run(problem, tracker, until, threads=options.threads, below_probe="stop")
+    run = _fluid_run(problem, tracker, until, threads=options.threads, below_probe="stop", samples=_fluid_samples(problem))
     if run is not None:
         with run:
             tracker.raise_bound(run.finish(until + fluidbound.OVERRUN_SECONDS), FLUID_REASON)
@@ -400,7 +416,7 @@ def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: Solv
     60 s limit, one program). With the time its own, the bisection goes on below a
     fitting first probe.
     """
-    run = _fluid_run(problem, tracker, until, threads=1, below_probe="bisect")
+    run = _fluid_run(problem, tracker, until, threads=1, below_probe="bisect", samples=FLUID_FIRST_SAMPLES, refine=True)
     if run is None:
         return
     # Once the search closes the gap to FLUID_MIN_GAP the worker stops: its core goes back
