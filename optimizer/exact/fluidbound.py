@@ -417,7 +417,8 @@ def bisect(
     """The highest Z in [low, high] proven (every schedule's device-0 span is above it),
     `low` if none; stops when high - low is within `tolerance` (relative) or at `deadline`.
     With `refine` (and `samples`), a search settled with time left goes on with
-    REFINE_FACTOR times the samples, up to MAX_SAMPLES, until the deadline.
+    REFINE_FACTOR times the samples, up to `default_samples` (or `samples` if more), until
+    the deadline.
 
     The grid (`grid`): every `step` in the ramps and every `coarse` steps between. Without
     `step`, about `samples` grid times over `high` (the same step for every probe), or
@@ -432,17 +433,19 @@ def bisect(
         raise ValueError(f"below_probe must be one of {BELOW_PROBE}, not {below_probe!r}")
     probe = max(low, high * (1 - FIRST_PROBE))
     top = high
+    # Refined grids stop at the default's size, which keeps a program's memory in bounds.
+    largest = max(samples or 0, default_samples(data.num_stages))
     if step is None and samples is not None:
         step = graded_step(data, high, samples, coarse)
     first = True
     while time.monotonic() < deadline:
         if high - low <= tolerance * high:
-            if not refine or samples is None or high >= top or samples >= MAX_SAMPLES:
+            if not refine or samples is None or high >= top or samples >= largest:
                 break
             # Settled on this grid, with time left: a finer grid is a tighter relaxation.
             # Start again between the proof and the known schedule, first at the Z the
             # coarser grid let through.
-            samples = min(MAX_SAMPLES, math.ceil(samples * REFINE_FACTOR))
+            samples = min(largest, math.ceil(samples * REFINE_FACTOR))
             step = graded_step(data, top, samples, coarse)
             probe, high, first = high, top, True
             continue
