@@ -9,8 +9,8 @@ keeps every device at once; its answer is a proof that no schedule is shorter th
 
 Columns: `auto`'s span at 60 s, the bound `auto` reported and its gap, the fluid bound
 and the gap it leaves, its grid step (ms; default, as `--certify`: the span over
-fluidbound.default_samples, 1000 at p = 8 on the V placement, refined while time is left;
-every `--coarse`-th step between the ramps) and seconds.
+fluidbound.default_samples, 1000 at p = 8 on the V placement; every `--coarse`-th step
+between the ramps) and seconds.
 
     python benchmarks/fluid_bounds.py [--seconds 300] [--only TEXT] [--step MS] [--coarse N] [--output PATH]
 
@@ -48,9 +48,9 @@ def measure(row: dict, seconds: float, step: float | None, coarse: int) -> dict:
     setting = setting_named(f"{row['model']}-p{row['p']}-m{row['m']}")
     problem = published_problem(setting, row["memory_limit"], "vshape")
     started = time.monotonic()
-    if step is None:  # as --certify: the default samples over the span, refined while time is left
+    if step is None:  # as --certify: the default samples over the span
         samples = default_samples(problem.num_stages)
-        value = fluid_bound(problem, auto["lower_bound"], auto["span"], time_limit=seconds, samples=samples, coarse=coarse, refine=True)
+        value = fluid_bound(problem, auto["lower_bound"], auto["span"], time_limit=seconds, samples=samples, coarse=coarse)
     else:
         value = fluid_bound(problem, auto["lower_bound"], auto["span"], time_limit=seconds, step=step, coarse=coarse)
     return {
@@ -60,7 +60,7 @@ def measure(row: dict, seconds: float, step: float | None, coarse: int) -> dict:
         "auto_gap": 1 - auto["lower_bound"] / auto["span"],
         "fluid_bound": value,
         "fluid_gap": 1 - value / auto["span"],
-        "step": step,  # None: the span / fluidbound.default_samples, refined
+        "step": step,  # None: the span / fluidbound.default_samples
         "coarse": coarse,
         "seconds": round(time.monotonic() - started, 1),
     }

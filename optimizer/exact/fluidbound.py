@@ -263,6 +263,12 @@ def build_program(data: _Data, z: float, step: float, coarse: int = 1) -> _Progr
     duration = {c: data.duration[c[0]][c[1]] for c in classes}
     offset = {c: head[c] - math.floor(head[c] / step) * step for c in classes}
     points = grid(data, z, step, coarse)
+    # Indices past the last sample are clipped to it (min(..., samples - 1)) and that stays
+    # valid: the last time is past z, by which every F and B class, each with a path to
+    # stage 0's backward on device 0, has started all m ops, so its count there is final;
+    # a W free counted there is memory at that earlier time, when every forward had
+    # already allocated, hence within the limit. Precedence rows have F and B predecessors
+    # only, and the required counts ask for times up to z.
     samples = len(points)
     base = [k * step for k in points]
     # The end of the last interval, for the work done by then.
@@ -597,7 +603,7 @@ def certify(schedule: Schedule, objective: str, seconds: float) -> bool:
         return False
     value = objective_value(schedule, objective)
     samples = default_samples(schedule.problem.num_stages)
-    raised = fluid_bound(schedule.problem, metrics.lower_bound, value, time_limit=seconds, samples=samples, coarse=COARSE, refine=True)
+    raised = fluid_bound(schedule.problem, metrics.lower_bound, value, time_limit=seconds, samples=samples, coarse=COARSE)
     if raised <= metrics.lower_bound:
         return False
     metrics.lower_bound = raised

@@ -375,10 +375,19 @@ def _fluid_worth_starting(problem: Problem, tracker: Tracker, seconds: float, sa
 
 
 def _fluid_run(
-    problem: Problem, tracker: Tracker, until: float, *, threads: int, below_probe: str, samples: int, refine: bool = False
+    problem: Problem,
+    tracker: Tracker,
+    until: float,
+    *,
+    threads: int,
+    below_probe: str,
+    samples: int,
+    coarse: int = 1,
+    refine: bool = False,
 ) -> fluidbound.FluidRun | None:
     """A fluid worker bisecting between the tracker's bound and incumbent until `until`
-    (None where it is not worth starting), from about `samples` grid times."""
+    (None where it is not worth starting), from about `samples` grid times (every
+    `coarse`-th step between the ramps, fluidbound.grid)."""
     seconds = until - time.monotonic()
     if not _fluid_worth_starting(problem, tracker, seconds, samples):
         return None
@@ -388,7 +397,7 @@ def _fluid_run(
         tracker.best_value,
         time_limit=seconds,
         samples=samples,
-        coarse=fluidbound.COARSE,
+        coarse=coarse,
         threads=threads,
         below_probe=below_probe,
         refine=refine,
@@ -399,6 +408,7 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     """Raise the bound with the fluid relaxation of every device, between the bound and the incumbent."""
     # Where the relaxation is weak (V-Min's memory) a fitting first probe hands these small
     # problems to the device relaxations and the whole model, which prove more.
+    # A uniform grid: small problems are mostly ramps, and FIRST_PROBE was measured on it.
     run = _fluid_run(problem, tracker, until, threads=options.threads, below_probe="stop", samples=_fluid_samples(problem))
     if run is not None:
         with run:
@@ -416,7 +426,9 @@ def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: Solv
     60 s limit, one program). With the time its own, the bisection goes on below a
     fitting first probe.
     """
-    run = _fluid_run(problem, tracker, until, threads=1, below_probe="bisect", samples=FLUID_FIRST_SAMPLES, refine=True)
+    run = _fluid_run(
+        problem, tracker, until, threads=1, below_probe="bisect", samples=FLUID_FIRST_SAMPLES, coarse=fluidbound.COARSE, refine=True
+    )
     if run is None:
         return
     # Once the search closes the gap to FLUID_MIN_GAP the worker stops: its core goes back
