@@ -28,7 +28,7 @@ from rich.table import Table
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.formats.schedule_json import load_schedule, save_schedule
-from optimizer.io import check_outputs, one_line, write_json_atomic, write_outputs
+from optimizer.io import check_outputs, one_line, read_input_text, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, problem_from_json, uniform_problem
 from optimizer.schedule import Schedule
 
@@ -780,7 +780,7 @@ def import_(
 
     check_outputs([output], [csv_file, problem_file])
     loaded = load_problem(problem_file)
-    schedule, imported = torch_csv.import_schedule(torch_csv.read_csv_text(csv_file), loaded, str(csv_file))
+    schedule, imported = torch_csv.import_schedule(read_input_text(csv_file), loaded, str(csv_file))
     save_schedule(schedule, output)
     if as_json:
         print(

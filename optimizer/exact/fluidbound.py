@@ -568,7 +568,6 @@ def fluid_bound(
     tolerance: float = 0.002,
     threads: int = 2,
     below_probe: str = "bisect",
-    refine: bool = False,
 ) -> float:
     """`bisect` on `problem` in a fresh process; `low` when nothing above it was proven.
 
@@ -588,7 +587,6 @@ def fluid_bound(
         tolerance=tolerance,
         threads=threads,
         below_probe=below_probe,
-        refine=refine,
     ) as run:
         return run.finish(began + time_limit + OVERRUN_SECONDS)
 

@@ -21,11 +21,10 @@ import csv
 import io
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
-from optimizer.io import clipped, read_input_text
+from optimizer.io import clipped
 from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -158,11 +157,6 @@ def _check_op(op: Op, rank: int, problem: Problem, where: str) -> None:
     device = problem.stages[op.stage].device
     if device != rank:
         raise InputError(f"{where}: stage {op.stage} is on rank {rank} here, on device {device} in the problem")
-
-
-def read_csv_text(path: str | Path) -> str:
-    """The text of a CSV file, with the checks every input file gets (optimizer.io)."""
-    return read_input_text(path)
 
 
 def import_schedule(text: str, problem: Problem, source: str = "schedule.csv", *, memory: bool = True) -> tuple[Schedule, ImportedOrder]:
