@@ -28,6 +28,7 @@ __all__ = [
     "fits_limits",
     "memory_curve",
     "op_duration",
+    "orders_fit",
     "peak_memory",
 ]
 
@@ -56,6 +57,12 @@ def peak_memory(tables: Tables, ops: Sequence[Op] | Sequence[TimedOp]) -> float:
 def fits_limits(peaks: Sequence[float], limits: Sequence[float]) -> bool:
     """Whether every device's peak is within its limit (relative slack 1e-9: peaks are float sums)."""
     return all(peak <= limit * (1 + 1e-9) for peak, limit in zip(peaks, limits))
+
+
+def orders_fit(problem: Problem, orders: Order) -> bool:
+    """Whether per-device orders fit the memory limits, without timing them."""
+    tables = problem.tables()
+    return fits_limits([peak_memory(tables, seq) for seq in orders], tables.limit)
 
 
 @dataclass
