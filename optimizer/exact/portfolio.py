@@ -447,12 +447,8 @@ def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: Solv
 
 
 def _stretchable(problem: Problem, options: SolveOptions) -> bool:
-    return (
-        stretch.applicable(problem)
-        and localsearch.applicable(problem)
-        and _large(problem, options)
-        and stretch.fewer_count(problem) is not None
-    )
+    # The order search's problems (one slice, no vocabulary passes) are the stretch's too.
+    return _orderable_large(problem, options) and stretch.fewer_count(problem) is not None
 
 
 def stretched_search(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
@@ -467,7 +463,7 @@ def stretched_search(problem: Problem, tables: IntegerTables, options: SolveOpti
     inner = Tracker(options.objective, STRETCH_SEARCH_SHARE * seconds)
     starting_points(small, inner)
     if inner.best is not None and inner.left() > 0:
-        order_search(small, tables, options, inner, inner.deadline)
+        order_search(small, integer_tables(small), options, inner, inner.deadline)
     if inner.best is None:
         return
     for name, orders in stretch.stretches(problem, inner.best, until):

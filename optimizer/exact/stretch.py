@@ -24,6 +24,9 @@ sorting all devices by one key is a topological order: the orders never deadlock
 Memory on a device depends only on its own order, so whether a stretch fits is checked
 exactly on the orders (optimizer.schedule.orders_fit); windows where the small schedule is
 not periodic may not fit, which is why several pivots and window lengths are tried.
+
+Every microbatch must have the same ops (one slice, no vocabulary passes), as for the
+order search that `auto` runs on the smaller problem (optimizer.exact.localsearch).
 """
 
 from __future__ import annotations
@@ -43,11 +46,6 @@ WINDOWS = (1, 2, 3, 4, 6, 8)
 # placement at V-Min's memory no stretch of a 16-microbatch schedule to 64 fit the limit
 # or beat v-auto, where 24 and 32 gave 3586 and 3576 against v-auto's 3940.
 STEADY_PER_DEVICE = 3
-
-
-def applicable(problem: Problem) -> bool:
-    """One slice per microbatch and no vocabulary passes: every microbatch has the same ops."""
-    return problem.num_slices == 1 and problem.vocab_parallel is None
 
 
 def fewer_count(problem: Problem) -> int | None:
