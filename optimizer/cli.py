@@ -737,8 +737,9 @@ def export(
     format_name: str | None = typer.Option(
         None,
         "--format",
-        help="torch-csv (torch.distributed.pipelining, torchtitan), schedule-json, chrome-trace, svg or html "
-        "(default: from the output's name: .csv, .json, .trace.json, .svg, .html).",
+        help="torch-csv (torch.distributed.pipelining, torchtitan), schedule-json, chrome-trace, svg, html, "
+        "or the layer split of a layers solve: megatron-layout, torchtitan-modules, example-split "
+        "(default: from the output's name: .csv, .json, .trace.json, .svg, .html, .layout.txt, .modules.json, .split.txt).",
     ),
     output: Path = typer.Option(..., "--output", "-o", help="File to write."),
 ) -> None:

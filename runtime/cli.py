@@ -26,11 +26,15 @@ from pathlib import Path  # noqa: E402
 import typer  # noqa: E402
 
 from optimizer.cli import app, finite_option, interrupts_deferred, run_app, user_errors  # noqa: E402
-from optimizer.errors import InputError, PipeschedError  # noqa: E402
+from optimizer.errors import InputError, PipeschedError, ScheduleError  # noqa: E402
 
 _BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."
 _TIMEOUT_HELP = "Seconds a rank may wait for one transfer before every rank fails, naming the op."
-_MODEL_HELP = "example[:layers=8,hidden=128,heads=4,vocab=256,seq_len=32,batch_size=2,split=1/3/3/1] or package.module:build_stages."
+_MODEL_HELP = (
+    "example[:layers=8,hidden=128,heads=4,vocab=256,seq_len=32,batch_size=2,split=1/3/3/1], "
+    "synthetic[:width=16,batch_size=2,mib_per_unit=1,seed=0,problem=PATH] (sleeps the problem's op times) "
+    "or package.module:build_stages."
+)
 _DEBUG_HELP = "Print the traceback of a model's or a rank's exception."
 # Seconds a transfer may wait: below a second the ranks cannot even meet; above about
 # 11 days the number is a typo.
@@ -105,6 +109,7 @@ def run(
     """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
     # Options, environment and the schedule are checked before torch loads.
     from optimizer.formats.schedule_json import load_schedule
+    from optimizer.validate import validate
     from runtime.plan import build_plans
 
     _check_options(timeout, backend, threads)
@@ -120,6 +125,11 @@ def run(
         if str(error).startswith(f"{schedule_file}:"):
             raise
         raise InputError(f"{schedule_file}: {error}") from None
+    # Then every rule, as `validate`, `show` and `export` check them (a deadlock is named
+    # first, above, because it says more than the broken dependencies it leaves).
+    violations = validate(schedule.problem, schedule.devices)
+    if violations:
+        raise ScheduleError(str(schedule_file), violations)
     with interrupts_deferred():
         _start_rank_server()
         _require_torch("run")

@@ -115,3 +115,12 @@ def test_every_schedule_written_can_be_read_back(tmp_path):
     per_op = (path.stat().st_size - problem_bytes) / problem.num_ops
     assert MAX_INPUT_BYTES + MAX_OPS * per_op <= MAX_SCHEDULE_BYTES
     assert load_schedule(path).makespan == pytest.approx(generate(problem, "zb-h1").makespan)
+
+
+def test_export_help_names_every_schedule_format_and_its_suffix():
+    result = runner.invoke(app, ["export", "--help"], env={"COLUMNS": "400", "NO_COLOR": "1"})
+    assert result.exit_code == 0
+    text = "".join(result.output.split())  # the help wraps lines and pads its box
+    for name, chosen in formats().items():
+        if chosen.subject == "schedule":
+            assert name in text and chosen.suffix in text, name

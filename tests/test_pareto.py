@@ -43,3 +43,19 @@ def test_sweep_is_monotone_and_marks_infeasible_limits(tmp_path):
     svg = tmp_path / "curve.svg"
     plot_pareto(curve, svg)
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+
+
+def test_known_schedules_are_placed_as_their_papers_define_them():
+    # GPipe's and 1F1B's backwards are fused (B and W as one op of 2 units here), as
+    # `compare` times them, not split as the solver's starting points are.
+    from optimizer.schedules import generate
+
+    problem = uniform_problem(4, 8, 1.0, 1.0, 1.0)
+    curve = pareto(problem, "4", SolveOptions(time_limit=2))
+    placed = {g.name: g for g in curve.generators}
+    unlimited = problem.model_copy(update={"memory_limit": None})
+    for name in ("gpipe", "1f1b", "zb-h1"):
+        own = generate(unlimited, name)
+        assert placed[name].makespan == pytest.approx(own.makespan, rel=1e-12), name
+        assert placed[name].peak_memory == pytest.approx(max(own.metrics.peak_memory), rel=1e-12), name
+    assert placed["gpipe"].makespan == pytest.approx(33.0)  # (m + p - 1) * (F + B + W) = 11 * 3

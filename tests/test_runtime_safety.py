@@ -105,6 +105,32 @@ def test_deadlocking_schedule_is_refused_before_any_rank_starts(tmp_path):
     assert "device 0 waits at BW(stage 0, mb 0)" in line and "device 1 waits at F(stage 1, mb 0)" in line
 
 
+def test_schedule_over_its_memory_limit_is_refused_before_any_rank_starts(tmp_path):
+    # GPipe's order holds all 4 microbatches on device 0; the file claims a limit of 2.
+    schedule = generate(uniform_problem(2, 4), "gpipe")
+    tight = schedule.problem.model_copy(update={"memory_limit": 2.0})
+    path = tmp_path / "over.json"
+    save_schedule(Schedule(tight, "gpipe", schedule.devices), path)
+    result = invoke("run", path, "--model", "example")
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert "invalid schedule" in line and "memory: device 0 holds" in line and "> limit 2" in line
+
+
+def test_schedule_with_broken_times_is_refused_as_validate_refuses_it(tmp_path):
+    # A deadlock-free order whose file times overlap on device 0: `validate` says exit 1,
+    # and so does `run`, before any rank starts.
+    schedule = generate(uniform_problem(2, 4), "1f1b")
+    devices = [list(ops) for ops in schedule.devices]
+    first, second = devices[0][0], devices[0][1]
+    devices[0][1] = second._replace(start=first.start, end=first.start + (second.end - second.start))
+    path = tmp_path / "overlap.json"
+    save_schedule(Schedule(schedule.problem, "1f1b", devices), path)
+    result = invoke("run", path, "--model", "example")
+    assert result.exit_code == 1
+    assert "invalid schedule" in error_line(result) and "overlap:" in error_line(result)
+
+
 def test_bad_model_name_is_one_line_exit_2(one_f_one_b):
     result = invoke("run", one_f_one_b, "--model", "example:depth=3")
     assert result.exit_code == 2

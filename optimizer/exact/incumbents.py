@@ -30,7 +30,7 @@ _TIMING_SECONDS_PER_OP = 2e-5
 @dataclass
 class Candidate:
     name: str
-    schedule: Schedule  # timed in the user's units, canonical order
+    schedule: Schedule  # timed in the user's units, canonical order (or the family's own: `as_published`)
     overshoot: float  # largest relative excess over a device's memory limit (0 when it fits)
 
     @property
@@ -46,8 +46,10 @@ def overshoot(schedule: Schedule) -> float:
     return worst
 
 
-def candidate(problem: Problem, name: str, orders: Sequence[Sequence[Op]]) -> Candidate:
-    schedule = simulate(problem, canonical(orders, problem), method=name)
+def candidate(problem: Problem, name: str, orders: Sequence[Sequence[Op]], as_published: bool = False) -> Candidate:
+    """The orders timed, made canonical first unless `as_published` (the family's own
+    orders, e.g. GPipe's fused backwards, as its paper defines it)."""
+    schedule = simulate(problem, orders if as_published else canonical(orders, problem), method=name)
     return Candidate(name, schedule, overshoot(schedule))
 
 
@@ -58,9 +60,11 @@ def generator_candidates(
     essential: tuple[str, ...] = (),
     essential_deadline: float | None = None,
     which: Callable[[str], bool] | None = None,
+    as_published: bool = False,
 ) -> tuple[list[Candidate], dict[str, str]]:
     """Every applicable generator's schedule (those `which` selects by name, when given),
-    canonical and timed; plus the ones that failed and why.
+    canonical (or, with `as_published`, the family's own orders) and timed; plus the ones
+    that failed and why.
 
     With a `deadline` (time.monotonic()), a generator still running then is given up
     (its thread is left to finish on its own) so that the solver keeps its time limit.
@@ -100,7 +104,7 @@ def generator_candidates(
             failed[generator.name] = str(outcome["error"])
         else:
             try:
-                found.append(candidate(problem, generator.name, outcome["orders"]))
+                found.append(candidate(problem, generator.name, outcome["orders"], as_published))
             except Exception as error:  # e.g. an order that deadlocks
                 failed[generator.name] = f"{error.__class__.__name__}: {error}"
     return found, failed
