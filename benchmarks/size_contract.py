@@ -33,14 +33,19 @@ from optimizer.problem import MAX_OPS
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (name, devices, microbatches, placement): each at most MAX_OPS ops.
+# (name, devices, microbatches, placement, vocabulary passes): each at most MAX_OPS ops.
 SHAPES = [
-    ("linear p32 m520", 32, 520, "linear"),
-    ("vshape p32 m260", 32, 260, "vshape"),
-    ("interleaved:4 p16 m260", 16, 260, "interleaved:4"),
-    ("linear p256 m65", 256, 65, "linear"),
-    ("linear p4 m4096", 4, 4096, "linear"),
-    ("interleaved:4 p256 m16", 256, 16, "interleaved:4"),
+    ("linear p32 m520", 32, 520, "linear", False),
+    ("vshape p32 m260", 32, 260, "vshape", False),
+    ("interleaved:4 p16 m260", 16, 260, "interleaved:4", False),
+    ("linear p256 m65", 256, 65, "linear", False),
+    ("linear p4 m4096", 4, 4096, "linear", False),
+    ("interleaved:4 p256 m16", 256, 16, "interleaved:4", False),
+    # Many stages on one device (every device-order argument of the bound sees them all).
+    ("interleaved:1024 p1 m16", 1, 16, "interleaved:1024", False),
+    ("interleaved:512 p2 m16", 2, 16, "interleaved:512", False),
+    # Vocabulary passes: every family weaves them in (p x m x 2 more ops).
+    ("vshape p32 m192 vocab", 32, 192, "vshape", True),
 ]
 
 
@@ -64,13 +69,19 @@ def main() -> None:
     load_before = os.getloadavg()[0]  # the machine is shared: the load says how much of it we had
     rows = []
     with tempfile.TemporaryDirectory(prefix="pipesched-size-") as folder:
-        for name, p, m, placement in SHAPES:
+        for name, p, m, placement, vocab in SHAPES:
             problem, schedule, picture, curve = (str(Path(folder) / f) for f in ("p.json", "s.json", "s.svg", "c.json"))
+            stages_per_device = int(placement.split(":")[1]) if placement.startswith("interleaved:") else 2 if placement == "vshape" else 1
             steps = [
                 ("problem", None, ["problem", "-p", str(p), "-m", str(m), "--placement", placement, "-o", problem]),
                 ("solve auto", limit, ["solve", problem, "--time-limit", str(limit), "-q", "-o", schedule]),
                 ("compare", None, ["compare", problem, "--json"]),
-                ("pareto (1 limit)", limit, ["pareto", problem, "--limits", str(4 * p), "--time-limit", str(limit), "-q", "-o", curve]),
+                # Four microbatches' activations on each device (one stage's forward allocates 1).
+                (
+                    "pareto (1 limit)",
+                    limit,
+                    ["pareto", problem, "--limits", str(4 * max(p, stages_per_device)), "--time-limit", str(limit), "-q", "-o", curve],
+                ),
                 ("validate", None, ["validate", schedule]),
                 ("show svg", None, ["show", schedule, "-o", picture]),
             ]
@@ -78,11 +89,15 @@ def main() -> None:
             for command, time_limit, argv in steps:
                 code, seconds, last = cli(*argv)
                 if command == "problem":
-                    stages = len(json.loads(Path(problem).read_text())["stages"])
+                    data = json.loads(Path(problem).read_text())
+                    stages = len(data["stages"])
+                    if vocab:
+                        data["vocab_parallel"] = {"forward": 1.0, "backward": 1.0}
+                        write_json_atomic(problem, data)
                 rows.append(
                     {
                         "shape": name,
-                        "ops": 3 * stages * m,
+                        "ops": 3 * stages * m + (2 * p * m if vocab else 0),
                         "command": command,
                         "exit": code,
                         "seconds": round(seconds, 2),

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.formats.schedule_json import load_schedule, save_schedule
-from optimizer.io import check_outputs, one_line, read_input_text, write_json_atomic, write_outputs
+from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, problem_from_json, uniform_problem
 from optimizer.schedule import Schedule
 
@@ -128,6 +128,9 @@ def _shown(number: float) -> str:
 
 def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
     """Run the app; option errors and Ctrl-C become one line on stderr too (exit 2 and 130)."""
+    if sys.stdout is None:  # started with standard output closed (`>&-`): Python drops prints
+        print("error: standard output: closed", file=sys.stderr)
+        return 1
     try:
         result = command(args=args, standalone_mode=False, prog_name="pipesched")
     except typer.TyperException as error:  # click's usage errors: a bad option or value
@@ -162,7 +165,7 @@ def format_memory(peaks: list[float]) -> str:
 def metrics_line(schedule: Schedule) -> str:
     m = schedule.metrics
     parts = [
-        f"method {schedule.method}",
+        f"method {printable(schedule.method)}",
         f"makespan {m.makespan:.6g}",
         f"bubble {m.bubble_ratio:.2%}",
         f"peak memory {format_memory(m.peak_memory)}",
@@ -172,9 +175,9 @@ def metrics_line(schedule: Schedule) -> str:
     if m.gap is not None:
         parts.append(f"gap {m.gap:.2%}")
     if m.status is not None:
-        parts.append(f"status {m.status}")
+        parts.append(f"status {printable(m.status)}")
     if m.method_won is not None:
-        parts.append(f"won by {m.method_won}")
+        parts.append(f"won by {printable(m.method_won)}")
     if m.solve_seconds is not None:
         parts.append(f"{m.solve_seconds:.1f} s")
     return ", ".join(parts)
@@ -206,7 +209,7 @@ def problem(
         max=MAX_SEQUENCE_LENGTH,
         help="Tokens per sequence, for the slice rules (one cost per token is kept, so at most 2**24).",
     ),
-    hidden: int = typer.Option(4096, min=1, help="Hidden size h, for --slice-cost attention."),
+    hidden: int = typer.Option(4096, min=1, max=1_000_000, help="Hidden size h, for --slice-cost attention."),
     slice_overhead: float = typer.Option(0.0, help="Fixed time per slice, as a fraction of a whole sequence's F or B (>= 0)."),
     output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
 ) -> None:

@@ -34,6 +34,12 @@ Model = TypeVar("Model", bound=BaseModel)
 # The largest input file read: a schedule at the size limit (optimizer/problem.py) is
 # about 5 MB of JSON, so 64 MiB leaves room for indentation and metadata.
 MAX_INPUT_BYTES = 64 * 2**20
+# JSON values and containers (objects and lists) an input may hold, counted on the text
+# before parsing. A schedule at the size limit has one object per op (50000) and about 7
+# values each, so these leave room; without them a hostile file of millions of `{}` or
+# keys under 64 MiB costs gigabytes, in parsing and in a validation error for every item.
+MAX_JSON_VALUES = 2_000_000
+MAX_JSON_CONTAINERS = 60_000
 
 
 def one_line(text: str) -> str:
@@ -44,6 +50,12 @@ def one_line(text: str) -> str:
 def clipped(text: str, most: int = 40) -> str:
     """Input quoted in a message: at most `most` characters (a name may be megabytes long)."""
     return text if len(text) <= most else text[:most] + "..."
+
+
+def printable(text: str, most: int = 80) -> str:
+    """A name read from a file, safe to print on a terminal: control characters (escape
+    sequences, newlines) escaped, at most `most` characters."""
+    return clipped("".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text), most)
 
 
 def describe_validation_error(error: ValidationError) -> str:
@@ -153,9 +165,25 @@ def _lone_surrogate(data: object) -> str | None:
     return None
 
 
+def _refuse_oversized(text: str, source: str) -> None:
+    """Refuse JSON text with more values or containers than any valid input holds.
+
+    Counted on the characters (separators and openings inside strings count too: only a
+    hostile file has millions of them)."""
+    containers = text.count("{") + text.count("[")
+    if containers > MAX_JSON_CONTAINERS:
+        raise InputError(
+            f"{source}: {containers} JSON objects and lists is more than the {MAX_JSON_CONTAINERS} pipesched reads (README, Size limits)"
+        )
+    values = containers + text.count(",") + text.count(":")
+    if values > MAX_JSON_VALUES:
+        raise InputError(f"{source}: about {values} JSON values is more than the {MAX_JSON_VALUES} pipesched reads (README, Size limits)")
+
+
 def parse_json(text: str, source: str) -> object:
-    """Strict JSON: finite numbers only, no duplicate keys, no lone surrogates in strings;
-    errors name `source`."""
+    """Strict JSON: finite numbers only, no duplicate keys, no lone surrogates in strings,
+    no more values than any valid input holds; errors name `source`."""
+    _refuse_oversized(text, source)
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant, parse_float=_finite_float)
         if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(data)) is not None:
@@ -225,6 +253,8 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
             continue
     seen: list[Path] = []
     for path in wanted:
+        if str(path).endswith(("/", os.sep)):  # Path() drops the slash: "out.json/" would write "out.json"
+            raise InputError(f"{path}: names a folder (it ends with /); give a file name")
         target = Path(os.path.realpath(path))
         if target in seen:
             raise InputError(f"{path}: given as two outputs")
@@ -243,11 +273,15 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
                     raise InputError(f"{path}: is also the input {name}; write the output to another file")
             if _write_through(info.st_mode):
                 continue
+            if not os.access(target, os.W_OK):  # replacing it would bypass its mode
+                raise InputError(f"{path}: is read-only; make it writable or write another file")
         folder = target.parent
+        # A symbolic link is written where it points: name that folder when it differs.
+        shown = path.parent if os.path.realpath(path.parent) == str(folder) else folder
         if not folder.is_dir():
-            raise InputError(f"{path}: folder {path.parent} does not exist")
+            raise InputError(f"{path}: folder {shown} does not exist")
         if not os.access(folder, os.W_OK | os.X_OK):
-            raise InputError(f"{path}: folder {path.parent} is not writable")
+            raise InputError(f"{path}: folder {shown} is not writable")
         try:  # access() says yes to root everywhere: try it, as the write will
             fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
         except OSError as exc:

@@ -27,6 +27,7 @@ import typer  # noqa: E402
 
 from optimizer.cli import app, finite_option, interrupts_deferred, run_app, user_errors  # noqa: E402
 from optimizer.errors import InputError, PipeschedError, ScheduleError  # noqa: E402
+from optimizer.io import printable  # noqa: E402
 
 _BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."
 _TIMEOUT_HELP = "Seconds a rank may wait for one transfer before every rank fails, naming the op."
@@ -95,7 +96,7 @@ def _world_size(default: int) -> int:
 def run(
     schedule_file: Path = typer.Argument(..., metavar="SCHEDULE.json", help="Schedule to run."),
     model: str = typer.Option(..., "--model", help=_MODEL_HELP),
-    steps: int = typer.Option(3, "--steps", min=1, help="Training steps."),
+    steps: int = typer.Option(3, "--steps", min=1, max=1_000_000, help="Training steps."),
     check: bool = typer.Option(False, "--check", help="Compare the first step's loss and gradients with one process."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
@@ -173,7 +174,7 @@ def _print_run(summary: dict) -> None:
     losses = summary["losses"]
     slices = f" x {summary['slices']} token slices" if summary.get("slices", 1) > 1 else ""
     print(
-        f"ran {summary['method']} on {summary['devices']} ranks ({summary['backend']}{', torch runtime' if summary['engine'] == 'torch' else ''}), {summary['stages']} stages, "
+        f"ran {printable(summary['method'])} on {summary['devices']} ranks ({summary['backend']}{', torch runtime' if summary['engine'] == 'torch' else ''}), {summary['stages']} stages, "
         f"{summary['microbatches']} microbatches{slices}: {summary['steps']} steps, median step {summary['median_step_ms']:.2f} ms "
         f"(schedule's makespan {summary['predicted_makespan']:.4g} in its time unit)"
     )

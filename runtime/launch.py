@@ -15,6 +15,7 @@ in the error (its traceback is printed only with `debug`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -141,21 +142,29 @@ def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, t
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=_device_id(device))
         result = job.execute(rank, world_size, device)
-        path.write_bytes(pickle.dumps({"ok": True, "result": result}))
+        _report(path, {"ok": True, "result": result})
         dist.destroy_process_group()
     except PipeschedError as error:
-        path.write_bytes(pickle.dumps({"ok": False, "error": str(error), "exit_code": error.exit_code}))
+        _report(path, {"ok": False, "error": str(error), "exit_code": error.exit_code})
         _exit(error.exit_code)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's process group
-        path.write_bytes(pickle.dumps({"ok": False, "error": f"rank {rank}: interrupted", "exit_code": 130}))
+        _report(path, {"ok": False, "error": f"rank {rank}: interrupted", "exit_code": 130})
         _exit(130)
     except BaseException as error:  # a bug or a user model's exception: one line, the traceback on request
         if debug:
             traceback.print_exc()
         model = getattr(job, "model", None)
         text = f"rank {rank}: " + (f"model {model}: " if model else "") + _first_line(error)
-        path.write_bytes(pickle.dumps({"ok": False, "error": text, "exit_code": 1}))
+        _report(path, {"ok": False, "error": text, "exit_code": 1})
         _exit(1)
+
+
+def _report(path: Path, outcome: dict) -> None:
+    """Leave the rank's outcome for the launcher. After a Ctrl-C the launcher may already
+    have stopped and removed the results folder: nobody reads the outcome then, and a
+    traceback about it would only bury the launcher's one line."""
+    with contextlib.suppress(OSError):
+        path.write_bytes(pickle.dumps(outcome))
 
 
 def _exit(code: int) -> None:

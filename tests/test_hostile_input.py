@@ -97,7 +97,11 @@ def write_corpus(folder: Path) -> None:
         "float_microbatches.json": problem.replace('"num_microbatches": 4', '"num_microbatches": 1e6'),
         "many_devices.json": _problem_text(num_devices=100_000),
         "over_ops.json": _problem_text(8, num_microbatches=MAX_OPS // 24 + 1),  # 8 stages: 3 * 8 * m ops
-        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "deep.json": "[" * 50_000 + "]" * 50_000,
+        # Under 64 MiB but more items than any valid input: refused before parsing.
+        "million_empty_ops.json": '{"format": "pipesched.schedule", "version": 1, "devices": [[' + "{}," * 999_999 + "{}]]}",
+        "many_keys.json": problem.replace("{", "{" + "".join(f'"k{i}": 0, ' for i in range(1_100_000)), 1),
+        "long_list.json": problem.replace('"memory_limit": null', '"memory_limit": [' + "1," * 2_099_999 + "1]", 1),
         "latin1.json": None,
         "empty.json": "",
         "nan_start.json": schedule.replace('"start": 0.0', '"start": NaN', 1),
@@ -126,6 +130,7 @@ def write_corpus(folder: Path) -> None:
         "latin1.csv": None,
         "long_number.csv": "0F" + "9" * 5000 + "\n1F0\n",
         "long_cell.csv": '"' + "x" * 200_000 + '"\n1F0\n',
+        "many_cells.csv": ",".join(["0F0"] * 200_000) + "\n1F0\n",
     }
     for name, text in files.items():
         if text is not None:
@@ -138,6 +143,7 @@ def write_corpus(folder: Path) -> None:
             assert text != (schedule if "start" in text else problem), f"corpus file {name} did not change"
     os.mkfifo(folder / "fifo.json")
     (folder / "folder.json").mkdir()
+    os.symlink("nowhere/zz.json", folder / "dangling.json")
     with open(folder / "huge.json", "wb") as handle:  # sparse: 100 MiB without writing them
         handle.truncate(100 * 2**20)
     (folder / "existing.json").write_text("{}\n")
@@ -176,6 +182,8 @@ PROBLEM_FILES = {
     "many_devices.json": "num_devices",
     "over_ops.json": f"the {MAX_OPS} pipesched takes",
     "deep.json": "nested too deeply",
+    "many_keys.json": "JSON values is more than the 2000000 pipesched reads",
+    "long_list.json": "JSON values is more than the 2000000 pipesched reads",
     "latin1.json": "not UTF-8",
     "empty.json": "not valid JSON",
     "fifo.json": "FIFO",
@@ -194,6 +202,7 @@ SCHEDULE_FILES = {
     "stage_out_of_range.json": "devices.0.0.stage: 7 is out of range",
     "microbatch_out_of_range.json": "devices.0.0.microbatch: 99 is out of range",
     "deep.json": "nested too deeply",
+    "million_empty_ops.json": "1000003 JSON objects and lists is more than the 60000 pipesched reads",
     "fifo.json": "FIFO",
     "folder.json": "directory",
     "huge.json": "bytes",
@@ -228,6 +237,25 @@ def cases() -> list[Case]:
             "problem-huge-v", ["problem", "-p", "2", "-m", "4", "--placement", "interleaved:99999999999", "-o", "{O}/p.json"], ["placement"]
         ),
         Case("problem-m-text", ["problem", "-p", "2", "-m", "x", "-o", "{O}/p.json"], ["--microbatches"]),
+        Case(
+            "problem-huge-hidden",
+            [
+                "problem",
+                "-p",
+                "2",
+                "-m",
+                "4",
+                "--slices",
+                "4",
+                "--slice-cost",
+                "attention",
+                "--hidden",
+                "1" + "0" * 400,
+                "-o",
+                "{O}/p.json",
+            ],
+            ["--hidden"],
+        ),
         Case("problem-unknown-option", ["problem", "-p", "2", "-m", "4", "--bogus", "-o", "{O}/p.json"], ["--bogus"]),
         Case("solve-time-limit-nan", ["solve", "{C}/p.json", "--time-limit", "nan", "-o", "{O}/s.json"], ["--time-limit"]),
         Case("solve-time-limit-inf", ["solve", "{C}/p.json", "--time-limit", "inf", "-o", "{O}/s.json"], ["--time-limit"]),
@@ -245,6 +273,11 @@ def cases() -> list[Case]:
         ),
         Case("problem-output-full-device", ["problem", "-p", "2", "-m", "4", "-o", "/dev/full"], ["/dev/full", "No space left"]),
         Case("problem-output-no-folder", ["problem", "-p", "2", "-m", "4", "-o", "{O}/missing/p.json"], ["does not exist"]),
+        Case(
+            "problem-output-dangling-link",
+            ["problem", "-p", "2", "-m", "4", "-o", "{C}/dangling.json"],
+            ["dangling.json", "nowhere does not exist"],
+        ),
         Case("solve-output-is-input", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "{C}/p.json"], ["p.json", "is also the input"]),
         Case("solve-output-full-device", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "/dev/full"], ["/dev/full"]),
         Case("solve-output-folder", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "{C}/folder.json"], ["directory"]),
@@ -262,6 +295,11 @@ def cases() -> list[Case]:
             "import-output-is-problem",
             ["import", "{C}/s.csv", "--problem", "{C}/p.json", "-o", "{C}/p.json"],
             ["p.json", "is also the input"],
+        ),
+        Case(
+            "import-many-cells",
+            ["import", "{C}/many_cells.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"],
+            ["many_cells.csv", "200002 cells is more than a schedule of this problem holds (24 ops"],
         ),
         Case("import-output-is-csv", ["import", "{C}/s.csv", "--problem", "{C}/p.json", "-o", "{C}/s.csv"], ["s.csv", "is also the input"]),
         Case("import-fifo", ["import", "{C}/fifo.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["fifo.csv", "FIFO"]),
@@ -677,3 +715,31 @@ def test_a_full_standard_output_is_one_line_not_a_traceback(tmp_path) -> None:
         )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == ["error: standard output: No space left on device"]
+
+
+def test_a_closed_standard_output_is_one_line_and_nothing_is_written(tmp_path) -> None:
+    # Started with `>&-`: Python would drop every print, and a file opened later could
+    # take descriptor 1; so the command refuses before any work.
+    (tmp_path / "p.json").write_text(json.dumps(uniform_problem(2, 4).model_dump(mode="json")))
+    result = subprocess.run(
+        CLI + ["solve", str(tmp_path / "p.json"), "--method", "1f1b", "-o", str(tmp_path / "s.json")],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=HANG_GUARD_SECONDS,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == ["error: standard output: closed"]
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_names_read_from_a_schedule_reach_the_terminal_escaped(tmp_path) -> None:
+    # A method name holding an escape sequence and a newline: one line, nothing raw.
+    schedule = generate(uniform_problem(2, 4), "1f1b")
+    schedule.method = "evil\x1b[31mred\nsecond line"
+    save_schedule(schedule, tmp_path / "s.json")
+    result, _ = run_cli(["validate", str(tmp_path / "s.json")], tmp_path)
+    assert result.returncode == 0
+    assert "\x1b" not in result.stdout and len(result.stdout.strip().splitlines()) == 1
+    assert "method evil\\x1b[31mred\\nsecond line" in result.stdout

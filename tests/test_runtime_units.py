@@ -170,3 +170,16 @@ def test_profile_writes_the_measured_fused_backward_into_the_problem():
     problem = Problem.model_validate(result["problem"])
     schedule = generate(problem, "1f1b")
     assert {round(op.end - op.start, 9) for op in schedule.devices[1] if op.kind == "BW"} == {3.1}
+
+
+def test_a_rank_whose_results_folder_is_gone_reports_quietly(tmp_path):
+    # After Ctrl-C the launcher removes the results folder while ranks are still ending;
+    # a rank's last report must not raise (its traceback would bury the launcher's line).
+    import pickle
+
+    from runtime.launch import _report
+
+    _report(tmp_path / "removed" / "rank1.pickle", {"ok": False, "exit_code": 130})
+    assert not (tmp_path / "removed").exists()
+    _report(tmp_path / "rank0.pickle", {"ok": True, "result": 3})
+    assert pickle.loads((tmp_path / "rank0.pickle").read_bytes()) == {"ok": True, "result": 3}

@@ -56,6 +56,11 @@ SPAN_BOUND_CELLS = 40_000
 # counts: 1 already gives all it gains on Zero Bubble's p = 16 settings and the grid's
 # p = 16 V case (windows of 2 to 4 measured: same bounds, more time).
 DEVICE_ORDER_WINDOW = 1
+# And at most this many of them, the latest: a subset only weakens the argument (it stays a
+# bound), and it keeps the cost per op flat where a device holds many stages (interleaved
+# with 1024 chunks on one device, every op sorted all 2048 of its device's recent ops: 18 s
+# for m = 16). The V placement's 2 stages per device have at most 8 such ops.
+DEVICE_ORDER_MAX_OPS = 64
 
 
 @dataclass(frozen=True)
@@ -180,7 +185,7 @@ def _device_order_release(entries: list[tuple[int, int, float, float]], position
     head is at least h, for every h. (On the V placement a device's two chunks both lie
     on every microbatch's round trip, which spaces its returns by both chunks' work.)
     """
-    items = [(head, duration) for pos, _, head, duration in entries if pos <= position]
+    items = [(head, duration) for pos, _, head, duration in entries[-DEVICE_ORDER_MAX_OPS:] if pos <= position]
     items.extend(extra)
     best = acc = 0.0
     for head, duration in sorted(items, reverse=True):

@@ -43,6 +43,9 @@ _ACTION = re.compile(r"^(\d+)(F|I|W|B|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|
 _OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
 # No problem has a stage or microbatch this long; longer numbers are refused before int().
 MAX_DIGITS = 9
+# Actions a CSV may hold per op of its problem: the op and torch's sends and receives
+# around it (at most four), with room to spare.
+CELLS_PER_OP = 6
 
 
 def action_text(op: Op) -> str:
@@ -125,6 +128,14 @@ def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> Impo
         raise InputError(f"{source}: {NAME} has no token slices; the problem has {problem.num_slices} per microbatch")
     if problem.vocab_parallel is not None:
         raise InputError(f"{source}: {NAME} has no vocabulary passes (S, T); the problem has vocab_parallel")
+    # A rank's row holds its compute actions and torch's communication actions around
+    # them (a few per op); a CSV with many more cells than that is refused before parsing.
+    cells = text.count(",") + text.count(";") + text.count("\n") + 1
+    most = CELLS_PER_OP * problem.num_ops + problem.num_devices
+    if cells > most:
+        raise InputError(
+            f"{source}: {cells} cells is more than a schedule of this problem holds ({problem.num_ops} ops, at most {CELLS_PER_OP} actions each)"
+        )
     try:
         rows = list(csv.reader(io.StringIO(text)))
     except csv.Error as exc:

@@ -79,6 +79,10 @@ def base_problem(problem: Problem) -> Problem:
         return stripped
 
 
+# Above this many ops a build without a deadline weaves the passes only until a way fits.
+WEAVE_EVERY_WAY_MAX_OPS = 10_000
+
+
 def with_vocab_passes(problem: Problem, base_orders: Sequence[Sequence[Op]], deadline: float | None = None) -> Orders:
     """The shortest order (fitting the limit when any does) of `base_orders` with the passes
     woven in; past `deadline` (time.monotonic()) the best so far once one fits (each way of
@@ -87,6 +91,10 @@ def with_vocab_passes(problem: Problem, base_orders: Sequence[Sequence[Op]], dea
     if vocab is None:
         raise InputError("vocab_parallel: the problem has no vocabulary passes to place")
     base_times = simulate_times(problem.without_vocab(), base_orders)
+    # Without a deadline (`compare`, a family by name), a large problem keeps the first way
+    # that fits, as past a deadline: every way is a list-scheduling run of 1-2 s there, and
+    # the eager first way won or tied most comparisons (`weaves`).
+    hurry = deadline is None and problem.num_ops > WEAVE_EVERY_WAY_MAX_OPS
     best: tuple[tuple[bool, float], Orders] | None = None
     # A base that ignores the limit (the hand-made families) can leave no room for the
     # passes: then they are placed ignoring it too, and the result says how far over it is.
@@ -100,7 +108,7 @@ def with_vocab_passes(problem: Problem, base_orders: Sequence[Sequence[Op]], dea
             key = (not schedule.fits_memory(), schedule.makespan)
             if best is None or key < best[0]:
                 best = (key, orders)
-            if deadline is not None and not best[0][0] and time.monotonic() >= deadline:
+            if not best[0][0] and (hurry or (deadline is not None and time.monotonic() >= deadline)):
                 return best[1]
         if best is not None:
             return best[1]
