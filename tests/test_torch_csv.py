@@ -123,6 +123,9 @@ def test_import_skips_communication_and_splits_overlapped_pairs():
         ("0F0,0F7\n1F0\n", "row 1, column 2: microbatch 7 does not exist"),
         ("0F0,5F0\n1F0\n", "row 1, column 2: stage 5 does not exist"),
         ("0F\n1F0\n", "'0F' has no microbatch number"),
+        ("0F0,(0F1;)OVERLAP_F_B\n1F0\n", "row 1, column 2: '(0F1;)OVERLAP_F_B' has an empty action in its overlapped pair"),
+        ("0F0,\u0660F\u0661\n1F0\n", "row 1, column 2: '\u0660F\u0661' is not a torch action"),  # Arabic-Indic digits
+        ("0F0,\uff10F\uff11\n1F0\n", "row 1, column 2: '\uff10F\uff11' is not a torch action"),  # full-width digits
     ],
 )
 def test_import_refuses_malformed_csv_naming_the_cell(text, message):

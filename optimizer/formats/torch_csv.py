@@ -39,7 +39,8 @@ OUR_KIND = {letter: kind for kind, letter in TORCH_LETTER.items()}
 
 # Actions torch's runtime adds itself when it lowers a compute-only schedule.
 _SKIPPED_KINDS = ("UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
-_ACTION = re.compile(r"^(\d+)(F|I|W|B|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
+# ASCII digits only: torch writes them, and \d would also take Arabic-Indic or full-width ones.
+_ACTION = re.compile(r"^([0-9]+)(F|I|W|B|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)$")
 _OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
 # No problem has a stage or microbatch this long; longer numbers are refused before int().
 MAX_DIGITS = 9
@@ -98,7 +99,9 @@ def parse_cell(text: str, where: str) -> tuple[list[Op], bool, int]:
     if not text:
         return [], False, 0
     overlap = _OVERLAP.match(text)
-    parts = [part.strip() for part in overlap.group(1).split(";") if part.strip()] if overlap else [text]
+    parts = [part.strip() for part in overlap.group(1).split(";")] if overlap else [text]
+    if "" in parts:
+        raise InputError(f"{where}: '{clipped(text)}' has an empty action in its overlapped pair")
     ops: list[Op] = []
     skipped = 0
     for part in parts:
