@@ -22,7 +22,7 @@ from optimizer.exact.milp import solve_milp_subproblem
 from optimizer.exact.options import Progress
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
-from optimizer.ops import Op
+from optimizer.ops import Op, op_memory
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedules import GENERATORS, generate
 from optimizer.simulate import simulate
@@ -414,3 +414,52 @@ def test_auto_survives_ops_that_take_almost_no_time(seed, objective):
     assert_valid(schedule)
     bound = schedule.metrics.lower_bound
     assert bound is not None and bound <= objective_value(schedule, objective) * (1 + CLOSE)
+
+
+# Token slices' shares make memory deltas like 1.22 / 3, on no decimal grid: the models
+# round memory, and what they prove must still hold for the problem (seen: the MILP's
+# bound 14.8439 above a valid schedule of 14.6626 when these counted as an exact grid).
+SLICED_OFF_GRID = {
+    "num_devices": 3,
+    "num_microbatches": 2,
+    "stages": [
+        {"device": 0, "forward": 1.24, "backward_input": 2.25, "backward_weight": 1.2765883698895302,
+         "memory": {"forward": 1.22, "backward_input": -0.99, "backward_weight": -0.22999999999999998}},
+        {"device": 1, "forward": 2.9, "backward_input": 1.9, "backward_weight": 1.9,
+         "memory": {"forward": 0.27, "backward_input": -0.03, "backward_weight": -0.24000000000000002}},
+        {"device": 2, "forward": 1.7052066096310705, "backward_input": 1.82, "backward_weight": 1.8344564042674896,
+         "memory": {"forward": 1.73, "backward_input": 0.15, "backward_weight": -1.88}},
+    ],
+    "comm_time": 0.14523925555153633,
+    "num_slices": 3,
+    "memory_limit": 2.076,
+}  # fmt: skip
+
+
+def test_off_grid_memory_is_not_called_exact_and_whole_models_bound_no_valid_schedule():
+    problem = Problem.model_validate(SLICED_OFF_GRID)
+    assert not integer_tables(problem).exact_memory  # 1.22 / 3 is on no grid of 10 decimals
+    results = {method: solve(problem, method, SolveOptions(time_limit=3, seed=0, threads=2)) for method in ("cpsat", "milp", "auto")}
+    shortest = min(s.makespan for s in results.values())
+    for method, schedule in results.items():
+        assert validate(problem, schedule.devices) == [], method
+        assert schedule.metrics.lower_bound <= shortest * (1 + 1e-9), method
+    assert shortest <= 14.6627  # the valid schedule CP-SAT and auto find (14.6626)
+
+
+def test_relaxed_memory_rounds_every_delta_down_and_the_limit_up():
+    problem = Problem.model_validate(SLICED_OFF_GRID)
+    t = problem.tables()
+    relaxed = integer_tables(problem, relax_memory=True)
+    conservative = integer_tables(problem)
+    assert relaxed.relaxed_memory and relaxed.bounds_hold and not conservative.bounds_hold
+    scale = relaxed.memory_scale
+    for kind in ("F", "B", "W"):
+        for s in range(problem.num_stages):
+            for k in range(problem.num_slices):
+                real = op_memory(t, kind, s, k)  # every slice's own delta, rounded down
+                assert relaxed.slice_memory[kind][s][k] <= real * scale + 1e-6
+                assert conservative.slice_memory[kind][s][k] >= real * conservative.memory_scale - 1e-6
+    assert all(limit is not None and limit >= 2.076 * scale for limit in relaxed.limit)
+    assert conservative.bound_to_time(1000, "makespan", 3) == 0.0  # no claim from a stricter model
+    assert relaxed.bound_to_time(1000, "makespan", 3) == 1000 / relaxed.time_scale

@@ -120,7 +120,7 @@ def _milp():
 
 
 def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> None:
-    tables = integer_tables(problem)
+    tables = integer_tables(problem, relax_memory=True)  # so that its bound holds (whole_model's doc)
     hint = canonical(tracker.best.order(), problem) if tracker.best is not None else None
     sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
     tracker.models_ran = True
@@ -134,10 +134,13 @@ def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> No
         objective=options.objective,
     )
     label = f"milp({options.solver})"
+    fits = False
     if result.starts is not None:
-        tracker.offer(simulate(problem, result.orders(sub)), label)
+        solution = simulate(problem, result.orders(sub))
+        fits = solution.fits_memory()
+        tracker.offer(solution, label)
     tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), f"{label} proven bound")
-    if result.status == "optimal" and tables.proves_optimality(options.objective) and result.starts is not None:
+    if result.status == "optimal" and tables.proves_optimality(options.objective) and fits:
         tracker.proven = True
     if result.interrupted:
         raise KeyboardInterrupt

@@ -178,7 +178,12 @@ def _list_policies(problem: Problem, tracker: Tracker, grid: list[Policy], share
 
 
 def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:
-    """The whole CP-SAT model hinted with the incumbent; offers its solution, raises the bound."""
+    """The whole CP-SAT model hinted with the incumbent; offers its solution, raises the bound.
+
+    Off an exact memory grid the model's memory is relaxed, so that what it proves holds;
+    a solution that then overflows the real limit by a rounding is not offered."""
+    if not tables.memory_is_exact:
+        tables = integer_tables(problem, relax_memory=True)
     time_limit = max(0.1, until - time.monotonic())
     hint = canonical(tracker.best.order(), problem) if tracker.best is not None else None
     sub = full_subproblem(problem, tables, hint, options.symmetry_breaking)
@@ -192,10 +197,13 @@ def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     result = solve_cpsat_subproblem(
         sub, time_limit=time_limit, seed=options.seed, threads=options.threads, objective=options.objective, on_solution=on_solution
     )
+    fits = False
     if result.starts is not None:
-        tracker.offer(simulate(problem, result.orders(sub)), "cpsat")
+        solution = simulate(problem, result.orders(sub))
+        fits = solution.fits_memory()
+        tracker.offer(solution, "cpsat")
     tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), "CP-SAT's proven bound")
-    if result.status == "optimal" and tables.proves_optimality(options.objective) and result.starts is not None:
+    if result.status == "optimal" and tables.proves_optimality(options.objective) and fits:
         tracker.proven = True
     if result.interrupted:
         raise KeyboardInterrupt

@@ -36,10 +36,15 @@ MAX_MEMORY_UNITS = 10**15  # largest exact memory integer (sums of a few thousan
 
 
 def _exact_decimal_scale(values: list[float], max_power: int) -> int | None:
-    """Smallest 10**k (k <= max_power) making every value an integer, or None."""
+    """Smallest 10**k (k <= max_power) making every value an integer, or None.
+
+    A decimal with at most k decimals, read as a float and scaled, lands within a few
+    units in the last place of an integer; anything farther is not on the grid. (A
+    tolerance relative to the scaled value put every value on a fine enough grid: 1.22 / 3
+    counted as exact at 10**10, its third of a unit rounded to nearest.)"""
     for k in range(max_power + 1):
         scale = 10**k
-        if all(abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, abs(v * scale)) for v in values):
+        if all(abs(v * scale - round(v * scale)) <= 1e-9 + 4e-16 * abs(v * scale) for v in values):
             return scale
     return None
 
@@ -63,6 +68,9 @@ class IntegerTables:
     slice_memory: dict[str, tuple[tuple[int, ...], ...]]
     vocab: VocabRule | None = None
     barrier: int = 0  # a collective's ticks (vocabulary parallelism)
+    # Off the exact grid, memory rounded the relaxing way (allocations down, frees up, limit
+    # up) instead of conservatively: the model's bounds hold, its solutions may not fit.
+    relaxed_memory: bool = False
 
     @property
     def num_slices(self) -> int:
@@ -88,8 +96,23 @@ class IntegerTables:
     def to_time(self, ticks: float) -> float:
         return ticks / self.time_scale
 
+    @property
+    def memory_is_exact(self) -> bool:
+        """Whether the integer model's memory constraints are the problem's own: an exact
+        grid, or no finite limit."""
+        return self.exact_memory or all(v is None for v in self.limit)
+
+    @property
+    def bounds_hold(self) -> bool:
+        """Whether the model's bounds are bounds of the problem: its memory exact or
+        relaxed. Rounded conservatively (allocations up, frees down, limit down) its
+        constraints can be stricter than the problem's, so its optimum can be longer than
+        the problem's and its bounds and proofs say nothing about the problem."""
+        return self.memory_is_exact or self.relaxed_memory
+
     def bound_to_time(self, ticks: float, objective: str, num_devices: int) -> float:
-        """A lower bound proven on the integer model, as a lower bound in the user's units.
+        """A lower bound proven on the integer model, as a lower bound in the user's units
+        (0, no claim, where its memory is stricter than the problem's: `bounds_hold`).
 
         makespan: mapping a real schedule's order to the rounded-down durations and
         timing it as soon as possible gives integer times no later than the real ones
@@ -101,6 +124,8 @@ class IntegerTables:
         lengths over at most `num_devices` devices (optimizer.exact.spantiming), so it
         is a multiple of 1/k for some k <= num_devices and at least (T - 1 + 1/p) ticks.
         """
+        if not self.bounds_hold:
+            return 0.0
         if objective == "makespan":
             return ticks / self.time_scale
         above = 1.0 / num_devices if self.exact_time else 0.0
@@ -108,19 +133,23 @@ class IntegerTables:
 
     def proves_optimality(self, objective: str) -> bool:
         """Whether an integer model's proof of optimality holds for the real problem."""
-        return self.exact_time and objective == "makespan"
+        return self.exact_time and self.bounds_hold and objective == "makespan"
 
     def describe(self) -> str:
         if self.exact_time:
             grid = f"exact time grid of 1/{self.time_scale:g} unit"
         else:
             grid = f"time rounded down to 1/{self.time_scale:g} unit (at most {self.max_time_rounding:.2%} per op)"
-        memory = "exact memory grid" if self.exact_memory else f"memory rounded conservatively to 1/{self.memory_scale:g} unit"
+        rounded = "relaxed" if self.relaxed_memory else "rounded conservatively"
+        memory = "exact memory grid" if self.exact_memory else f"memory {rounded} to 1/{self.memory_scale:g} unit"
         return f"{grid}; {memory}"
 
 
-def integer_tables(problem: Problem) -> IntegerTables:
-    """Scale the problem's times and memory to integers (see the module doc for the rules)."""
+def integer_tables(problem: Problem, relax_memory: bool = False) -> IntegerTables:
+    """Scale the problem's times and memory to integers (see the module doc for the rules).
+
+    Off an exact memory grid, memory is rounded conservatively (every solution fits), or
+    with `relax_memory` the relaxing way (every bound holds: for whole models that prove)."""
     t = problem.tables()
     S, K, p = problem.num_stages, problem.num_slices, problem.num_devices
     real: dict[str, list[list[float]]] = {kind: [[op_duration(t, kind, s, k) for k in range(K)] for s in range(S)] for kind in STAGE_KINDS}
@@ -184,11 +213,18 @@ def integer_tables(problem: Problem) -> IntegerTables:
         divisor = reduce(math.gcd, (abs(v) for kind in delta_kinds for row in integers[kind] for v in row), 0) or 1
         memory = {kind: tuple(tuple(v // divisor for v in row) for row in integers[kind]) for kind in delta_kinds}
         mem_scale = exact_memory_scale / divisor
+    elif relax_memory:
+        mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
+        # Allocations down, frees up (away from zero), limit up: a relaxation.
+        memory = {kind: tuple(tuple(math.floor(v * mem_scale + 1e-9) for v in row) for row in deltas[kind]) for kind in delta_kinds}
     else:
         mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
         # Allocations up, frees down (towards zero), limit down: conservative.
         memory = {kind: tuple(tuple(math.ceil(v * mem_scale - 1e-9) for v in row) for row in deltas[kind]) for kind in delta_kinds}
-    int_limits = tuple(None if v is None else math.floor(v * mem_scale + 1e-9) for v in limits)
+    relaxed = relax_memory and not exact_memory
+    int_limits = tuple(
+        None if v is None else (math.ceil(v * mem_scale - 1e-9) if relaxed else math.floor(v * mem_scale + 1e-9)) for v in limits
+    )
     # A fused backward changes memory by its B and W together (at its end).
     memory["BW"] = tuple(tuple(b + w for b, w in zip(rb, rw)) for rb, rw in zip(memory["B"], memory["W"]))
 
@@ -207,6 +243,7 @@ def integer_tables(problem: Problem) -> IntegerTables:
         slice_memory=memory,
         vocab=vocab,
         barrier=barrier,
+        relaxed_memory=relaxed,
     )
 
 
