@@ -29,7 +29,7 @@ from collections.abc import Callable
 from ortools.sat.python import cp_model
 
 from optimizer.exact.cpsat import run_cpsat
-from optimizer.exact.timescale import IntegerTables
+from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.ops import SPLIT_KINDS, Op, dependency_depths
 from optimizer.problem import Problem
 
@@ -179,11 +179,13 @@ def period_status(
     Only patterns whose microbatch latency stays within the model's cap (four times a
     microbatch's work and transfers) are searched; a longer latency only holds memory
     longer. Memory uses the problem's integer sizes (optimizer.exact.timescale) and the limit
-    rounded up: exact on decimal inputs, otherwise a relaxation, so "none" is always a
-    proof and a pattern must still be checked on its unrolled order. The memory-free pattern of least
+    rounded up: exact on decimal inputs, otherwise rounded the relaxing way, so "none" is
+    always a proof and a pattern must still be checked on its unrolled order. The memory-free pattern of least
     latency and memory-time hints the search (CP-SAT then finds patterns or proofs in
     seconds where it found neither in minutes without).
     """
+    if not tables.memory_is_exact:  # frees rounded towards zero would make "none" no proof
+        tables = integer_tables(problem, relax_memory=True)
     hint = solve_period(problem, tables, period, time_limit=min(3.0, time_limit / 4), seed=seed, threads=threads)
     model, offset, phase, lap = _period_model(problem, tables, period, exact_memory=True)
     if hint is not None:
