@@ -253,8 +253,6 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
             continue
     seen: list[Path] = []
     for path in wanted:
-        if str(path).endswith(("/", os.sep)):  # Path() drops the slash: "out.json/" would write "out.json"
-            raise InputError(f"{path}: names a folder (it ends with /); give a file name")
         target = Path(os.path.realpath(path))
         if target in seen:
             raise InputError(f"{path}: given as two outputs")

@@ -19,7 +19,7 @@ from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
 from optimizer.exact.incumbents import Candidate, closest
 from optimizer.exact.options import ProgressCallback, SolveOptions
-from optimizer.exact.portfolio import bound_first, problem_bound, solve_auto, starting_points, whole_model
+from optimizer.exact.portfolio import bound_first, problem_bound, solve_auto, starting_points, take_whole_model_result, whole_model
 from optimizer.exact.spantiming import final_timing_seconds
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
@@ -27,7 +27,6 @@ from optimizer.exact.tracker import Tracker
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from optimizer.schedules.listengine import check_memory_feasible
-from optimizer.simulate import simulate
 
 METHODS = ("auto", "cpsat", "milp")
 # The whole-model methods build every op into one model before the clock can stop them
@@ -134,13 +133,4 @@ def _whole_milp(problem: Problem, options: SolveOptions, tracker: Tracker) -> No
         objective=options.objective,
     )
     label = f"milp({options.solver})"
-    fits = False
-    if result.starts is not None:
-        solution = simulate(problem, result.orders(sub))
-        fits = solution.fits_memory()
-        tracker.offer(solution, label)
-    tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), f"{label} proven bound")
-    if result.status == "optimal" and tables.proves_optimality(options.objective) and fits:
-        tracker.proven = True
-    if result.interrupted:
-        raise KeyboardInterrupt
+    take_whole_model_result(problem, tables, sub, result, options, tracker, label, f"{label} proven bound")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from optimizer.exact import devicebound, fluidbound, localsearch, stretch
 from optimizer.exact.canonical import canonical
@@ -27,9 +28,10 @@ from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
 from optimizer.exact.periodic import periodic_orders
 from optimizer.exact.slicebounds import busy_bound, lower_bound, split_relaxation
-from optimizer.exact.subproblem import full_subproblem
+from optimizer.exact.subproblem import SubProblem, full_subproblem
 from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.exact.tracker import Tracker
+from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedule import orders_fit
 from optimizer.schedules.listengine import sliced_support
@@ -197,12 +199,42 @@ def whole_model(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     result = solve_cpsat_subproblem(
         sub, time_limit=time_limit, seed=options.seed, threads=options.threads, objective=options.objective, on_solution=on_solution
     )
+    take_whole_model_result(problem, tables, sub, result, options, tracker, "cpsat", "CP-SAT's proven bound")
+
+
+class WholeModelResult(Protocol):
+    """What a whole model returns (optimizer.exact.cpsat.CpsatResult, optimizer.exact.milp.MilpResult)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def starts(self) -> list[int] | None: ...
+    @property
+    def bound(self) -> float: ...
+    @property
+    def interrupted(self) -> bool: ...
+    def orders(self, sub: SubProblem) -> list[list[Op]]: ...
+
+
+def take_whole_model_result(
+    problem: Problem,
+    tables: IntegerTables,
+    sub: SubProblem,
+    result: WholeModelResult,
+    options: SolveOptions,
+    tracker: Tracker,
+    label: str,
+    reason: str,
+) -> None:
+    """Offer a whole model's solution, raise the bound it proved, and call the incumbent
+    optimal when its proof holds for the problem: on an exact time grid, for the
+    makespan, and with its solution fitting (a relaxed model's may overflow by a rounding)."""
     fits = False
     if result.starts is not None:
         solution = simulate(problem, result.orders(sub))
         fits = solution.fits_memory()
-        tracker.offer(solution, "cpsat")
-    tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), "CP-SAT's proven bound")
+        tracker.offer(solution, label)
+    tracker.raise_bound(tables.bound_to_time(result.bound, options.objective, problem.num_devices), reason)
     if result.status == "optimal" and tables.proves_optimality(options.objective) and fits:
         tracker.proven = True
     if result.interrupted:

@@ -145,6 +145,11 @@ class IntegerTables:
         return f"{grid}; {memory}"
 
 
+def _rounded(value: float, *, up: bool) -> int:
+    """`value` to an integer, up or down, forgiving float noise of 1e-9 (an integer stays itself)."""
+    return math.ceil(value - 1e-9) if up else math.floor(value + 1e-9)
+
+
 def integer_tables(problem: Problem, relax_memory: bool = False) -> IntegerTables:
     """Scale the problem's times and memory to integers (see the module doc for the rules).
 
@@ -213,18 +218,15 @@ def integer_tables(problem: Problem, relax_memory: bool = False) -> IntegerTable
         divisor = reduce(math.gcd, (abs(v) for kind in delta_kinds for row in integers[kind] for v in row), 0) or 1
         memory = {kind: tuple(tuple(v // divisor for v in row) for row in integers[kind]) for kind in delta_kinds}
         mem_scale = exact_memory_scale / divisor
-    elif relax_memory:
-        mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
-        # Allocations down, frees up (away from zero), limit up: a relaxation.
-        memory = {kind: tuple(tuple(math.floor(v * mem_scale + 1e-9) for v in row) for row in deltas[kind]) for kind in delta_kinds}
     else:
         mem_scale = MEMORY_UNITS / max(abs(v) for v in mem_values)
-        # Allocations up, frees down (towards zero), limit down: conservative.
-        memory = {kind: tuple(tuple(math.ceil(v * mem_scale - 1e-9) for v in row) for row in deltas[kind]) for kind in delta_kinds}
+        # Conservative: every delta up (allocations up, frees towards zero), the limit down.
+        # Relaxed: every delta down, the limit up.
+        memory = {
+            kind: tuple(tuple(_rounded(v * mem_scale, up=not relax_memory) for v in row) for row in deltas[kind]) for kind in delta_kinds
+        }
     relaxed = relax_memory and not exact_memory
-    int_limits = tuple(
-        None if v is None else (math.ceil(v * mem_scale - 1e-9) if relaxed else math.floor(v * mem_scale + 1e-9)) for v in limits
-    )
+    int_limits = tuple(None if v is None else _rounded(v * mem_scale, up=relaxed) for v in limits)
     # A fused backward changes memory by its B and W together (at its end).
     memory["BW"] = tuple(tuple(b + w for b, w in zip(rb, rw)) for rb, rw in zip(memory["B"], memory["W"]))
 
