@@ -180,10 +180,31 @@ def test_interleaved_bubble_of_ideal_time(p, groups, v):
     assert max(schedule.metrics.peak_memory) == pytest.approx(expected_peak)
 
 
-def test_interleaved_refuses_m_not_multiple_of_p():
-    problem = uniform_problem(4, 6, placement="interleaved:2")
-    with pytest.raises(InputError, match="multiple of the device count"):
-        generate(problem, "interleaved-1f1b")
+def test_interleaved_takes_microbatches_in_rounds_and_refuses_what_does_not_divide():
+    """m not a multiple of p goes in m // p rounds (torch's rule); 9 microbatches do not
+    split into 2 rounds at p = 4."""
+    assert generate(uniform_problem(4, 6, placement="interleaved:2"), "interleaved-1f1b").makespan > 0
+    for name in ("interleaved-1f1b", "interleaved-zb"):
+        with pytest.raises(InputError, match="multiple of its 2 rounds"):
+            generate(uniform_problem(4, 9, placement="interleaved:2"), name)
+
+
+# Interleaved zero bubble: ZB-H1's bubble time in chunk units, (p-1)(F+B-W) for W <= F, B
+# at comm 0, once m >= p (also when m is not a multiple of p); 1F1B's peak of p
+# microbatches (V*p chunk activations of 1/V each) when the rounds are of p microbatches.
+@pytest.mark.parametrize("f,b,w", UNEQUAL)
+@pytest.mark.parametrize("v", [2, 3])
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 6), (4, 4), (4, 6), (4, 12), (8, 16), (8, 20)])
+def test_interleaved_zb_bubble_time_and_peak(p, m, v, f, b, w):
+    problem = uniform_problem(p, m, f, b, w, placement=f"interleaved:{v}", mem_forward=1 / v)
+    schedule = run("interleaved-zb", problem)
+    assert schedule.makespan - m * v * (f + b + w) == pytest.approx((p - 1) * (f + b - w), abs=EXACT)
+    if m % p == 0:
+        assert max(schedule.metrics.peak_memory) == pytest.approx(p)
+    # Never more memory, nor longer, than interleaved 1F1B's on the same problem.
+    fused = run("interleaved-1f1b", problem)
+    assert max(schedule.metrics.peak_memory) <= max(fused.metrics.peak_memory) + EXACT
+    assert schedule.makespan <= fused.makespan + EXACT
 
 
 @pytest.mark.parametrize(
@@ -204,6 +225,7 @@ PLACEMENT_OF = {
     "zb-h2": "linear",
     "zb-auto": "linear",
     "interleaved-1f1b": "interleaved:2",
+    "interleaved-zb": "interleaved:3",
     "zb-v": "vshape",
     "v-half": "vshape",
     "v-min": "vshape",

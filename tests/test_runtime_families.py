@@ -25,6 +25,7 @@ FAMILIES = {
     "zb-h1": "linear",
     "zb-h2": "linear",
     "interleaved-1f1b": "interleaved:2",
+    "interleaved-zb": "interleaved:2",
     "zb-v": "vshape",
     "v-half": "vshape",
     "v-min": "vshape",

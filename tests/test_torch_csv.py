@@ -21,7 +21,7 @@ from optimizer.ops import Op
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import GENERATORS, generate
-from runtime.torch_orders import builtin_order_rows, builtin_schedule, builtin_schedules
+from runtime.torch_orders import builtin_order_rows, builtin_schedule, builtin_schedules, row_name
 
 pytestmark = pytest.mark.runtime  # torch's own loader and validator
 
@@ -207,7 +207,9 @@ SAME_NAME = [
     ("ScheduleInterleaved1F1B", "interleaved-1f1b", "interleaved:3"),
     ("ScheduleZBVZeroBubble", "zb-v", "vshape"),
     ("ScheduleDualPipeV", "dualpipe-v", "vshape"),
-    # no family of that name: on one stage per rank torch's interleaved zero bubble is ZB-H1
+    ("ScheduleInterleavedZeroBubble", "interleaved-zb", "interleaved:2"),
+    ("ScheduleInterleavedZeroBubble", "interleaved-zb", "interleaved:3"),
+    # on one stage per rank torch's interleaved zero bubble is ZB-H1
     ("ScheduleInterleavedZeroBubble", "zb-h1", "linear"),
 ]
 
@@ -238,12 +240,24 @@ def test_torch_1f1b_order_numbers_the_last_ranks_forwards_from_one():
     assert f"microbatch {m} does not exist" in refused["torch:1F1B"]
 
 
-def test_torch_interleaved_takes_microbatch_counts_ours_refuses():
-    """Our interleaved-1f1b needs m % p == 0 (Megatron's rule); torch relaxes it to rounds."""
-    problem = uniform_problem(4, 6, placement="interleaved:2")
-    assert GENERATORS["interleaved-1f1b"].unsupported(problem) is not None
-    schedule = builtin_schedule(problem, "ScheduleInterleaved1F1B")
-    assert schedule.makespan > 0 and len(schedule.devices) == 4
+@pytest.mark.parametrize(
+    "class_name,family", [("ScheduleInterleaved1F1B", "interleaved-1f1b"), ("ScheduleInterleavedZeroBubble", "interleaved-zb")]
+)
+@pytest.mark.parametrize("m", [3, 6, 10])
+def test_torch_interleaved_microbatch_counts_not_a_multiple_of_p(class_name, family, m):
+    """m not a multiple of p: both go in max(1, m // p) rounds of m // rounds microbatches."""
+    problem = hetero_problem(4, m, "interleaved:2")
+    assert builtin_schedule(problem, class_name).order() == generate(problem, family).order()
+
+
+@pytest.mark.parametrize(
+    "class_name,family", [("ScheduleInterleaved1F1B", "interleaved-1f1b"), ("ScheduleInterleavedZeroBubble", "interleaved-zb")]
+)
+def test_torch_and_ours_refuse_the_same_microbatch_count(class_name, family):
+    problem = hetero_problem(4, 9, "interleaved:2")  # 9 does not split into 2 rounds
+    assert GENERATORS[family].unsupported(problem) is not None
+    _, refused = builtin_schedules(problem)
+    assert "multiple of the number of rounds" in refused[row_name(class_name)]
 
 
 def test_compare_with_torch_rows(tmp_path):
