@@ -27,7 +27,7 @@ from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact.incumbents import best_fitting, generator_candidates, objective_value
 from optimizer.exact.least_memory import least_memory_candidate, split_backwards_fit
 from optimizer.exact.options import SolveOptions
-from optimizer.exact.portfolio import AUTOMATIC_SCHEDULERS, AUTOMATIC_SHARE
+from optimizer.exact.portfolio import AUTOMATIC_SHARE, ESSENTIAL
 from optimizer.layers import LayersProfile
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -102,9 +102,7 @@ class _SplitSearch:
         except SplitInfeasible as error:
             trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
         else:
-            found, _ = generator_candidates(
-                trial.problem, deadline=deadline, essential=AUTOMATIC_SCHEDULERS, essential_deadline=essential_deadline
-            )
+            found, _ = generator_candidates(trial.problem, deadline=deadline, essential=ESSENTIAL, essential_deadline=essential_deadline)
             best = best_fitting(found, self.options.objective)
             if best is None and not split_backwards_fit(trial.problem):
                 # Only fused backwards fit (a B that allocates): the least-memory order fits

@@ -26,7 +26,9 @@ from optimizer.schedule import Schedule
 
 # torch class name -> the placement its orders assume ("single": linear, one stage per rank)
 BUILTIN = {
+    "ScheduleGPipe": "single",
     "Schedule1F1B": "single",
+    "ScheduleLoopedBFS": "loop",
     "ScheduleInterleaved1F1B": "loop",
     "ScheduleInterleavedZeroBubble": "loop",
     "ScheduleZBVZeroBubble": "v",

@@ -1,6 +1,7 @@
 """The automatic schedulers `zb-auto` (linear) and `v-auto` (V placement): the Zero Bubble
 paper's published bubble rates, validity and memory on random problems, never worse than
-the fixed V families that fit, and both offered to the solver as starting points."""
+the fixed V families that fit, and both offered to the solver as starting points, with
+the families torch ships."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.published import SETTINGS, published_problem, setting_named
+from optimizer.exact import SolveOptions
 from optimizer.exact.incumbents import generator_candidates, objective_value
+from optimizer.exact.portfolio import bound_first, starting_points
+from optimizer.exact.tracker import Tracker
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedules import GENERATORS, applicable, generate
 from optimizer.schedules.building_block import building_block_orders
@@ -245,3 +249,38 @@ def test_v_auto_cut_anywhere_by_its_deadline_still_fits(seconds):
         problem = published_problem(setting, limit, "vshape")
         schedule = simulate(problem, v_auto(problem, deadline=time.monotonic() + seconds))
         assert validate(problem, schedule.devices) == []
+
+
+# -- The schedules torch ships are starting points too, built even late ------------------
+
+
+@pytest.mark.parametrize(
+    "placement,names,other",
+    [
+        ("linear", {"zb-auto", "gpipe", "1f1b", "zb-h1"}, "zb-h2"),
+        ("interleaved:2", {"gpipe", "interleaved-1f1b", "interleaved-zb"}, "greedy"),
+        ("vshape", {"v-auto", "gpipe", "zb-v", "dualpipe-v"}, "v-half"),
+    ],
+)
+def test_torch_built_in_families_are_built_after_the_other_families_time_is_spent(placement, names, other):
+    """Half of the limit gone (past the families' 40%, before the essential 90%): the
+    automatic schedulers and the families torch ships are still built and offered, the
+    others are not."""
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement=placement)
+    assert other in {g.name for g in applicable(problem)}
+    tracker = Tracker("makespan", 10.0)
+    tracker.began -= 5.0
+    found = {c.name for c in starting_points(problem, tracker)}
+    assert names <= found
+    assert other not in found
+    assert tracker.best_value <= min(generate(problem, name).makespan for name in names) + SAME
+
+
+def test_bound_waits_when_it_and_the_automatic_schedulers_would_take_most_of_the_limit():
+    # p = 32, m = 256 on the V placement at 5 s: a 1.3 s bound and v-auto's 2.7 s ended past
+    # v-auto's 4.5 s deadline; p = 16, m = 64 at 5 s still has the bound first.
+    large = uniform_problem(32, 256, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=16.0)
+    assert not bound_first(large, SolveOptions(time_limit=5.0))
+    assert bound_first(large, SolveOptions(time_limit=20.0))
+    medium = uniform_problem(16, 64, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=6.0)
+    assert bound_first(medium, SolveOptions(time_limit=5.0))

@@ -203,6 +203,7 @@ def test_export_import_commands_and_their_errors(tmp_path):
 # ------------------------------------------------------------------ torch's built-in orders
 
 SAME_NAME = [
+    ("ScheduleGPipe", "gpipe", "linear"),
     ("ScheduleInterleaved1F1B", "interleaved-1f1b", "interleaved:2"),
     ("ScheduleInterleaved1F1B", "interleaved-1f1b", "interleaved:3"),
     ("ScheduleZBVZeroBubble", "zb-v", "vshape"),
@@ -223,6 +224,21 @@ def test_torch_builtin_order_equals_our_family(class_name, family, placement, p,
     # DualPipeV's OVERLAP_F_B pairs are two ops back to back in ours too
     assert theirs.order() == ours.order()
     assert theirs.makespan == ours.makespan
+
+
+@pytest.mark.parametrize("placement", ["linear", "interleaved:2", "interleaved:3"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 6)])
+def test_torch_looped_bfs_is_gpipe_with_backwards_from_the_last_microbatch(placement, p, m):
+    problem = hetero_problem(p, m, placement)
+    ours = generate(problem, "gpipe")
+    theirs = builtin_schedule(problem, "ScheduleLoopedBFS")
+    for mine, torchs in zip(ours.order(), theirs.order(), strict=True):
+        assert [op for op in torchs if op.kind == "F"] == [op for op in mine if op.kind == "F"]
+        backwards = [op for op in mine if op.kind != "F"]
+        by_stage = sorted({op.stage for op in backwards}, reverse=True)
+        assert [op for op in torchs if op.kind != "F"] == [op for s in by_stage for op in reversed([b for b in backwards if b.stage == s])]
+    assert theirs.makespan == pytest.approx(ours.makespan)
+    assert max(theirs.metrics.peak_memory) == max(ours.metrics.peak_memory)
 
 
 def test_torch_1f1b_order_numbers_the_last_ranks_forwards_from_one():

@@ -108,7 +108,16 @@ GENERATOR_SHARE = 0.4
 # return worse than they do, even at a short limit (v-auto takes 2-4 s at p = 32, m = 96
 # on the V placement on 2 loaded cores, more than 40% of a 5 s limit).
 AUTOMATIC_SCHEDULERS = ("zb-auto", "v-auto")
+# Nor worse than the schedules torch.distributed.pipelining ships (torchtitan's choices),
+# here under our names (runtime/torch_orders.py checks each against torch's own order):
+# what most users run today. They are walks over the ops, built in 0.01-0.06 s and timed
+# in 0.2-0.3 s at p = 32, m = 256 (49k ops), so they come right after the automatic ones.
+TORCH_BUILT_INS = ("gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")
+ESSENTIAL = AUTOMATIC_SCHEDULERS + TORCH_BUILT_INS
 AUTOMATIC_SHARE = 0.9
+# The automatic schedulers take about this long per op, built and timed (v-auto at
+# p = 32, m = 256 on the V placement: 2.5 s and 0.2 s for 49k ops on 2 cores).
+AUTOMATIC_SECONDS_PER_OP = 6e-5
 # The problem's lower bound (heads and tails, memory-aware, device passes; optimizer.exact.
 # slicebounds) takes 0.1-0.4 ms per stage-microbatch cell on 2 loaded cores and stops at
 # its own cell budget: 0.9-1.7 s at p = 32, m = 256 on the V placement.
@@ -116,8 +125,13 @@ BOUND_SECONDS_PER_CELL = 4e-4
 BOUND_SECONDS_CAP = 2.0
 # Share of the time limit the bound may take before the starting points. A dearer bound
 # waits until they have run (a 1 s limit at p = 16, m = 64 on the V placement left v-auto
-# no time after a 0.8 s bound, and `auto` returned 22% worse than v-auto).
+# no time after a 0.8 s bound, and `auto` returned 22% worse than v-auto). Nor does it
+# when the bound and the automatic schedulers together would take more than
+# BOUND_AND_AUTOMATIC_SHARE of the limit: at p = 32, m = 256 on the V placement at 5 s a
+# 1.3 s bound and v-auto ended at 4.8 s, past v-auto's 4.5 s, and `auto` returned 9%
+# worse than torch's DualPipeV (the margin is for a loaded machine).
 BOUND_FIRST_SHARE = 0.4
+BOUND_AND_AUTOMATIC_SHARE = 0.6
 # A list schedule costs about a simulation and a memory check: 1.2 s at p = 32, m = 256
 # on the V placement (49k ops) on 2 cores. Once a fitting schedule is known, a policy
 # does not start with less time left than this estimate.
@@ -128,7 +142,7 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     """Offer every generator and list-scheduler policy to the tracker; return them all.
 
     The automatic schedulers run first (`auto` must never return worse than they do),
-    then the first list-scheduler policy (as quick as a simulation, and the best known
+    then the families torch ships (nor worse than those), then the first list-scheduler policy (as quick as a simulation, and the best known
     schedule wherever memory is to spare: 0.00% on the V placement at limit 2p where
     v-auto has 1.5-4%), then the other generators and policies while their share of the
     time lasts. When no known schedule fits, the first policy runs even past the time
@@ -139,11 +153,12 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     schedule.
     """
     found = _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS)
+    found += _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS)
     # The list-scheduler policies order token slices where the engine can (listengine), and
     # split every backward, which needs problem.split_memory_limit().
     grid = policies() if sliced_support(problem) is None and split_backwards_fit(problem) else []
     found += _list_policies(problem, tracker, grid[:1], AUTOMATIC_SHARE)
-    found += _generators(problem, tracker, lambda name: name not in AUTOMATIC_SCHEDULERS)
+    found += _generators(problem, tracker, lambda name: name not in ESSENTIAL)
     found += _list_policies(problem, tracker, grid[1:], GENERATOR_SHARE)
     if tracker.best is None:
         c = least_memory_candidate(problem)
@@ -156,7 +171,7 @@ def _generators(problem: Problem, tracker: Tracker, which: Callable[[str], bool]
     found, _ = generator_candidates(
         problem,
         deadline=tracker.began + GENERATOR_SHARE * tracker.time_limit,
-        essential=AUTOMATIC_SCHEDULERS,
+        essential=ESSENTIAL,
         essential_deadline=tracker.began + AUTOMATIC_SHARE * tracker.time_limit,
         which=which,
     )
@@ -345,7 +360,10 @@ def bound_seconds(problem: Problem) -> float:
 
 def bound_first(problem: Problem, options: SolveOptions) -> bool:
     """Whether the lower bound is cheap enough to come before the starting points."""
-    return bound_seconds(problem) <= BOUND_FIRST_SHARE * options.time_limit
+    bound = bound_seconds(problem)
+    automatic = AUTOMATIC_SECONDS_PER_OP * problem.num_ops
+    limit = options.time_limit
+    return bound <= BOUND_FIRST_SHARE * limit and bound + automatic <= BOUND_AND_AUTOMATIC_SHARE * limit
 
 
 def problem_bound(problem: Problem, options: SolveOptions, tracker: Tracker, *, within_time: bool) -> None:
