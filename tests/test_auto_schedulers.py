@@ -284,3 +284,14 @@ def test_bound_waits_when_it_and_the_automatic_schedulers_would_take_most_of_the
     assert bound_first(large, SolveOptions(time_limit=20.0))
     medium = uniform_problem(16, 64, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=6.0)
     assert bound_first(medium, SolveOptions(time_limit=5.0))
+
+
+def test_families_over_the_limit_are_not_timed_once_a_schedule_fits():
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", mem_forward=0.5, memory_limit=3.0)
+    every, _ = generator_candidates(problem)
+    fitting, failed = generator_candidates(problem, fitting_only=True)
+    assert {c.name for c in fitting} == {c.name for c in every if c.fits}
+    over = {c.name for c in every if not c.fits}
+    assert over and all(failed[name] == "over the memory limit (not timed)" for name in over)
+    for c in fitting:
+        assert c.schedule.makespan == next(e.schedule.makespan for e in every if e.name == c.name)

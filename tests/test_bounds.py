@@ -82,6 +82,21 @@ def test_span_bound_is_at_most_the_makespan_bound():
     assert lower_bound(problem, "span").value <= lower_bound(problem).value
 
 
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_a_bound_cut_by_its_deadline_keeps_the_parts_that_ended(objective):
+    """A deadline already past leaves the busiest device's work; none, or a far one, the
+    whole bound; every cut bound lies between (each part is a bound alone)."""
+    problem = uniform_problem(8, 32, 1.0, 1.0, 0.6, comm_time=0.05, memory_limit=4.0, mem_backward_input=-0.5)
+    busy = 32 * 2.6
+    whole = lower_bound(problem, objective).value
+    assert whole > busy * 1.05  # the bound is more than the work here, so the test can tell
+    assert lower_bound(problem, objective, deadline=time.monotonic() - 1).value == pytest.approx(busy)
+    assert lower_bound(problem, objective, deadline=time.monotonic() + 60).value == pytest.approx(whole)
+    for seconds in (0.0, 0.001, 0.005, 0.02):
+        cut = lower_bound(problem, objective, deadline=time.monotonic() + seconds).value
+        assert busy - 1e-9 <= cut <= whole + 1e-9
+
+
 # --- device relaxations (optimizer.exact.devicebound) -------------------------------------
 
 

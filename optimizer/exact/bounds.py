@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,11 @@ from optimizer.problem import Problem
 # Stage-microbatch cells the span bound may spend on per-device passes (about 0.5 s):
 # every device up to p = 16, m = 64; the busiest few at p = 32, m = 256.
 SPAN_BOUND_CELLS = 40_000
+# One part of a bound (a pass of heads and tails, or one device's frame, over every
+# stage and microbatch) takes at most about this long per cell: 0.1-0.35 s at p = 32,
+# m = 256 on the V placement (16k cells) on 2 idle cores, so 0.49 s is allowed. With a
+# deadline a part starts only if it would end by then.
+PART_SECONDS_PER_CELL = 3e-5
 # How many earlier microbatches' ops on a device the device-order argument of `heads`
 # counts: 1 already gives all it gains on Zero Bubble's p = 16 settings and the grid's
 # p = 16 V case (windows of 2 to 4 measured: same bounds, more time).
@@ -282,8 +288,18 @@ def _device_jobs(problem: Problem, head, tail) -> list[list[tuple[float, float, 
     return jobs
 
 
-def makespan_lower_bound(problem: Problem) -> LowerBound:
-    """The best of the busiest-device, heads-and-tails and memory bounds (see module doc)."""
+def _in_time(problem: Problem, deadline: float | None) -> bool:
+    """Whether one more part of a bound (see PART_SECONDS_PER_CELL) would end by `deadline`."""
+    cells = problem.num_stages * problem.num_microbatches
+    return deadline is None or time.monotonic() + PART_SECONDS_PER_CELL * cells <= deadline
+
+
+def makespan_lower_bound(problem: Problem, deadline: float | None = None) -> LowerBound:
+    """The best of the busiest-device, heads-and-tails and memory bounds (see module doc).
+
+    With a `deadline` (time.monotonic()) the parts that would end past it are left out:
+    each part is a bound alone, so what the others proved stands (at least the busiest
+    device's work)."""
     dur = _durations(problem)
     device = problem.tables().device
     m = problem.num_microbatches
@@ -291,20 +307,21 @@ def makespan_lower_bound(problem: Problem) -> LowerBound:
     for s in range(problem.num_stages):
         work[device[s]] += m * (dur["F"][s] + dur["B"][s] + dur["W"][s])
     best = LowerBound(max(work), "busiest device's work")
-
+    if not _in_time(problem, deadline):
+        return best
     tail = tails(problem)
     plain = _device_jobs(problem, heads(problem, memory_aware=False), tail)
     value = max(jackson_preemptive(jobs) for jobs in plain)
     if value > best.value * (1 + 1e-12):
         best = LowerBound(value, "warm-up, work and cool-down (heads and tails)")
-    if problem.memory_limit is not None:
+    if problem.memory_limit is not None and _in_time(problem, deadline):
         aware = _device_jobs(problem, heads(problem, memory_aware=True), tail)
         value = max(jackson_preemptive(jobs) for jobs in aware)
         if value > best.value * (1 + 1e-12):
             best = LowerBound(value, "memory limit delays forwards (memory-aware heads and tails)")
         # The makespan holds each device's span after the device's earliest first start.
         first = heads(problem, memory_aware=False)["F"]
-        for device, _, _, split in _device_span_bounds(problem, work):
+        for device, _, _, split in _device_span_bounds(problem, work, deadline):
             value = first[min(problem.stages_on(device))][0] + split
             if value > best.value * (1 + 1e-12):
                 best = LowerBound(value, f"device {device}'s earliest start, busy time, warm-up and drain")
@@ -350,7 +367,7 @@ def device_tails(problem: Problem, device: int) -> dict[str, list[list[float]]]:
     return tail
 
 
-def span_lower_bound(problem: Problem) -> LowerBound:
+def span_lower_bound(problem: Problem, deadline: float | None = None) -> LowerBound:
     """A bound on the longest device span: busy time plus the idle forced inside a device.
 
     A device's span runs from its first start t0 to its last end. In a canonical
@@ -375,13 +392,15 @@ def span_lower_bound(problem: Problem) -> LowerBound:
 
     Every device's bound is valid alone, so the largest over any set of devices is a
     bound (`_device_span_bounds` picks the devices); the others count their busy time.
+    With a `deadline` (time.monotonic()) a device whose pass would end past it is left
+    out, so the bound may be weaker, never wrong.
     """
     dur = _durations(problem)
     m = problem.num_microbatches
     busy = [m * sum(dur[k][s] for s in problem.stages_on(d) for k in ("F", "B", "W")) for d in range(problem.num_devices)]
     value = max(busy)
     where = f"busy time of device {busy.index(value)}"
-    for device, preemptive, busiest, split in _device_span_bounds(problem, busy):
+    for device, preemptive, busiest, split in _device_span_bounds(problem, busy, deadline):
         if preemptive > value * (1 + 1e-12):
             value, where = (
                 preemptive,
@@ -392,12 +411,13 @@ def span_lower_bound(problem: Problem) -> LowerBound:
     return LowerBound(value, where)
 
 
-def _device_span_bounds(problem: Problem, busy: list[float]):
+def _device_span_bounds(problem: Problem, busy: list[float], deadline: float | None = None):
     """(device, preemptive bound, the device it comes from, warm-up and drain bound) on the
     spans of the busiest devices (`_through_others` for the preemptive bound from others).
 
     Each device costs a pass over all stages and microbatches: the busiest (ties: the
-    first, which waits longest under a memory limit) until SPAN_BOUND_CELLS cells are spent.
+    first, which waits longest under a memory limit) until SPAN_BOUND_CELLS cells are spent
+    or, with a `deadline`, until the next pass would end past it.
     The first one's frame also bounds through the other devices (`_through_others`).
     """
     memory_aware = problem.memory_limit is not None
@@ -405,6 +425,8 @@ def _device_span_bounds(problem: Problem, busy: list[float]):
     cells = problem.num_stages * problem.num_microbatches
     for n, device in enumerate(ranked):
         if n > 0 and (n + 1) * cells > SPAN_BOUND_CELLS:
+            break
+        if not _in_time(problem, deadline):
             break
         origin = min(problem.stages_on(device))
         head = heads(problem, memory_aware, origin=origin)
@@ -584,5 +606,6 @@ def _jobs_of(problem: Problem, device: int, head, tail) -> list[tuple[float, flo
     return [(head[k][s][i], dur[k][s], tail[k][s][i]) for s in problem.stages_on(device) for k in ("F", "B", "W") for i in range(m)]
 
 
-def lower_bound(problem: Problem, objective: str = "makespan") -> LowerBound:
-    return span_lower_bound(problem) if objective == "span" else makespan_lower_bound(problem)
+def lower_bound(problem: Problem, objective: str = "makespan", deadline: float | None = None) -> LowerBound:
+    """The bound for `objective`; with a `deadline`, the parts that end by it (see each)."""
+    return span_lower_bound(problem, deadline) if objective == "span" else makespan_lower_bound(problem, deadline)

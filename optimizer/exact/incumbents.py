@@ -16,7 +16,7 @@ from typing import Any
 from optimizer.exact.canonical import canonical
 from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Schedule
+from optimizer.schedule import Schedule, orders_fit
 from optimizer.schedules import applicable
 from optimizer.simulate import simulate
 
@@ -61,10 +61,13 @@ def generator_candidates(
     essential_deadline: float | None = None,
     which: Callable[[str], bool] | None = None,
     as_published: bool = False,
+    fitting_only: bool = False,
 ) -> tuple[list[Candidate], dict[str, str]]:
     """Every applicable generator's schedule (those `which` selects by name, when given),
     canonical (or, with `as_published`, the family's own orders) and timed; plus the ones
-    that failed and why.
+    that failed and why. With `fitting_only`, orders over the memory limit are not timed
+    (memory depends on the order alone; timing is most of a family's cost on large
+    problems) and are listed with the failed ones.
 
     With a `deadline` (time.monotonic()), a generator still running then is given up
     (its thread is left to finish on its own) so that the solver keeps its time limit.
@@ -102,6 +105,8 @@ def generator_candidates(
             failed[generator.name] = "gave no schedule before the solver's time for known schedules ran out"
         elif "error" in outcome:
             failed[generator.name] = str(outcome["error"])
+        elif fitting_only and not orders_fit(problem, outcome["orders"]):
+            failed[generator.name] = "over the memory limit (not timed)"
         else:
             try:
                 found.append(candidate(problem, generator.name, outcome["orders"], as_published))

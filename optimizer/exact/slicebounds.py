@@ -86,21 +86,28 @@ def split_relaxation(problem: Problem) -> Problem | None:
     return Problem.model_validate(data)
 
 
-def lower_bound(problem: Problem, objective: str = "makespan") -> LowerBound:
-    """The valid lower bound for any problem (see the module doc)."""
+def lower_bound(problem: Problem, objective: str = "makespan", deadline: float | None = None) -> LowerBound:
+    """The valid lower bound for any problem (see the module doc). With a `deadline`
+    (time.monotonic()) the bounds that come in parts (`cut_by_deadline`) keep the parts
+    that end by it; the others ignore it."""
     if problem.vocab_parallel is not None:
         return vocab_lower_bound(problem, objective)
     relaxed = split_relaxation(problem)
     if relaxed is problem:
-        return unsliced_lower_bound(problem, objective)
+        return unsliced_lower_bound(problem, objective, deadline)
     if relaxed is not None:
-        found = unsliced_lower_bound(relaxed, objective)
+        found = unsliced_lower_bound(relaxed, objective, deadline)
         return LowerBound(found.value, f"{found.reason}, backwards relaxed to the cheaper of fused and split")
     busy = busy_bound(problem)
     if objective == "span":
         return busy
     heads_tails = heads_and_tails_bound(problem)
     return heads_tails if heads_tails.value > busy.value * (1 + 1e-12) else busy
+
+
+def cut_by_deadline(problem: Problem) -> bool:
+    """Whether `lower_bound` takes a deadline on this problem (its bound comes in parts)."""
+    return problem.vocab_parallel is None and split_relaxation(problem) is not None
 
 
 def relaxed_durations(problem: Problem) -> dict[str, list[list[float]]]:
