@@ -12,10 +12,11 @@ import math
 import random
 
 import pytest
-from factories import random_slices
+from factories import hetero_problem, random_slices
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.published import published_problem, setting_named
 from optimizer.errors import InputError
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedules import GENERATORS, generate
@@ -226,6 +227,7 @@ PLACEMENT_OF = {
     "zb-auto": "linear",
     "interleaved-1f1b": "interleaved:2",
     "interleaved-zb": "interleaved:3",
+    "interleaved-auto": "interleaved:2",
     "zb-v": "vshape",
     "v-half": "vshape",
     "v-min": "vshape",
@@ -293,3 +295,44 @@ def test_family_orders_are_valid_on_random_times(name):
         assert math.isfinite(schedule.makespan)
 
     check()
+
+
+# -- interleaved-auto: the interleaved walk fitted to any limit --------------------------
+
+
+def _span(schedule) -> float:
+    return max(ops[-1].end - ops[0].start for ops in schedule.devices if ops)
+
+
+@pytest.mark.parametrize("v", [2, 3])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 9), (4, 12), (8, 16), (8, 19)])
+@pytest.mark.parametrize("limit_share", [None, 1.0, 0.75, 0.5])
+def test_interleaved_auto_fits_where_the_walks_do_and_is_never_longer(p, m, v, limit_share):
+    """Limits as a share of interleaved zero bubble's own peak: where interleaved zero
+    bubble or interleaved 1F1B fits, interleaved-auto fits too and its longest span is no
+    longer; it is always a valid order."""
+    unlimited = hetero_problem(p, m, f"interleaved:{v}")
+    reference = generate(unlimited, "interleaved-zb") if GENERATORS["interleaved-zb"].unsupported(unlimited) is None else None
+    peak = max(reference.metrics.peak_memory) if reference is not None else float(p * v)
+    limit = None if limit_share is None else max(peak * limit_share, float(v))
+    problem = hetero_problem(p, m, f"interleaved:{v}", limit)
+    ours = generate(problem, "interleaved-auto")
+    assert [e for e in validate(problem, ours.devices) if "memory" not in e] == []
+    for name in ("interleaved-zb", "interleaved-1f1b"):
+        if GENERATORS[name].unsupported(problem) is not None:
+            continue
+        theirs = generate(problem, name)
+        if theirs.fits_memory():
+            assert ours.fits_memory()
+            assert _span(ours) <= _span(theirs) + EXACT
+
+
+def test_interleaved_auto_fits_below_the_walks_memory_and_beats_the_list_schedule():
+    """Zero Bubble's 1.5B timings, p = 8, m = 24, interleaved:2, 6 activations: neither
+    interleaved walk of the papers fits; rounds of 4 microbatches do, shorter than greedy."""
+    problem = published_problem(setting_named("1.5B-p8-m24"), 6.0, "interleaved:2")
+    assert not generate(problem, "interleaved-zb").fits_memory()
+    assert not generate(problem, "interleaved-1f1b").fits_memory()
+    ours = generate(problem, "interleaved-auto")
+    assert ours.fits_memory()
+    assert ours.makespan < generate(problem, "greedy").makespan

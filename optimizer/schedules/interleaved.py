@@ -20,6 +20,7 @@ The same walk with the backward split is `interleaved-zb` (optimizer.schedules.i
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from optimizer.ops import Op
 from optimizer.problem import Problem
@@ -35,46 +36,74 @@ def rounds(num_devices: int, num_microbatches: int) -> tuple[int, int] | None:
     return count, num_microbatches // count
 
 
-def _chunk(k: int, group: int, v: int, forward: bool) -> int:
-    chunk = (k % (group * v)) // group
-    return chunk if forward else v - 1 - chunk
+def _sequence(num_microbatches: int, group: int, v: int, forward: bool) -> list[tuple[int, int]]:
+    """A device's forwards (or backwards) in walk order, as (chunk, microbatch): round by
+    round of `group` microbatches (the last round may be shorter), each round through
+    the chunks in order (backwards: in reverse)."""
+    chunks = range(v) if forward else range(v - 1, -1, -1)
+    return [
+        (c, i) for start in range(0, num_microbatches, group) for c in chunks for i in range(start, min(start + group, num_microbatches))
+    ]
 
 
-def walk(problem: Problem, *, split: bool) -> Orders:
-    """Every device's order: the depth-first walk with warm-up, steady F/backward pairs and
-    cool-down; with `split` the zero-bubble form (optimizer.schedules.interleaved_zb)."""
+def walk_sequence(problem: Problem, group: int, forward: bool) -> list[tuple[int, int]]:
+    """Every device's forwards (or backwards) in walk order, as (chunk, microbatch)."""
+    return _sequence(problem.num_microbatches, group, problem.num_stages // problem.num_devices, forward)
+
+
+@dataclass(frozen=True)
+class Walk:
+    """The shape of a walk: microbatches per round, each device's warm-up (forwards before
+    its first backward) and, with the backward split, the W's each device keeps pending."""
+
+    group: int
+    warmup: tuple[int, ...]
+    deferred: tuple[int, ...] | None  # None: fused backwards (BW)
+
+
+def family_walk(problem: Problem, *, split: bool) -> Walk:
+    """The shape of interleaved 1F1B (fused) or of interleaved zero bubble (`split`)."""
     p, m = problem.num_devices, problem.num_microbatches
     v = problem.num_stages // p
     shape = rounds(p, m)
     assert shape is not None, "unsupported() refuses this microbatch count"
-    group = shape[1]
+    group, total = shape[1], m * v
+    if split:
+        warmup = [min(p - r - 1 + (v - 1) * group, total) for r in range(p)]
+    else:
+        # Megatron runs everything as warm-up when m == p: the steady state would
+        # otherwise wait for a backward that needs forwards not yet issued.
+        warmup = [total if m == p else min((p - r - 1) * 2 + (v - 1) * group, total) for r in range(p)]
+    return Walk(group, tuple(warmup), tuple(range(p)) if split else None)
+
+
+def walk(problem: Problem, shape: Walk) -> Orders:
+    """Every device's order: the depth-first walk with warm-up, steady F/backward pairs and
+    cool-down; with the backward split, W's kept pending as `shape.deferred` says (r on
+    device r in the zero-bubble form, as ZB-H1)."""
+    p, m = problem.num_devices, problem.num_microbatches
+    v = problem.num_stages // p
     total = m * v
+    forwards = walk_sequence(problem, shape.group, forward=True)
+    backwards = walk_sequence(problem, shape.group, forward=False)
     orders: Orders = []
     for r in range(p):
-        if split:
-            warmup = min(p - r - 1 + (v - 1) * group, total)
-        else:
-            # Megatron runs everything as warm-up when m == p: the steady state would
-            # otherwise wait for a backward that needs forwards not yet issued.
-            warmup = total if m == p else min((p - r - 1) * 2 + (v - 1) * group, total)
-        next_f = [0] * v  # per chunk, the next microbatch to run forward
-        next_b = [0] * v
+        warmup = min(shape.warmup[r], total)
+        keep = None if shape.deferred is None else shape.deferred[r]
         ops: list[Op] = []
-        pending: deque[Op] = deque()  # split: W's kept back, r of them on device r (as ZB-H1)
+        pending: deque[Op] = deque()
 
         def forward(k: int) -> None:
-            c = _chunk(k, group, v, forward=True)
-            next_f[c] += 1
-            ops.append(Op("F", c * p + r, next_f[c] - 1))
+            c, i = forwards[k]
+            ops.append(Op("F", c * p + r, i))
 
         def backward(k: int) -> None:
-            c = _chunk(k, group, v, forward=False)
-            next_b[c] += 1
-            op = Op("B" if split else "BW", c * p + r, next_b[c] - 1)
+            c, i = backwards[k]
+            op = Op("BW" if keep is None else "B", c * p + r, i)
             ops.append(op)
-            if split:
+            if keep is not None:
                 pending.append(op._replace(kind="W"))
-                while len(pending) > r:
+                while len(pending) > keep:
                     ops.append(pending.popleft())
 
         for k in range(warmup):
@@ -90,7 +119,7 @@ def walk(problem: Problem, *, split: bool) -> Orders:
 
 
 def interleaved_1f1b(problem: Problem) -> Orders:
-    return walk(problem, split=False)
+    return walk(problem, family_walk(problem, split=False))
 
 
 def unsupported(problem: Problem) -> str | None:

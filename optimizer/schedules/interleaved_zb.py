@@ -13,12 +13,12 @@ shorter where W is a real share of the backward.
 from __future__ import annotations
 
 from optimizer.problem import Problem
-from optimizer.schedules.interleaved import unsupported, walk
+from optimizer.schedules.interleaved import family_walk, unsupported, walk
 from optimizer.schedules.registry import Generator, Orders
 
 
 def interleaved_zb(problem: Problem) -> Orders:
-    return walk(problem, split=True)
+    return walk(problem, family_walk(problem, split=True))
 
 
 GENERATOR = Generator(

@@ -1,0 +1,136 @@
+"""Automatic interleaved schedule: the interleaved walk shaped to any memory limit.
+
+Interleaved zero bubble (optimizer.schedules.interleaved_zb) holds about p + (V-1)·g
+chunk activations on device 0 (g: microbatches per round, p or more), interleaved 1F1B
+more; below that neither fits and only list schedules did (p = 8, m = 24 on the Zero
+Bubble paper's 1.5B timings at 6 activations: 1344.7 ms after 10 s of search). This
+family searches the walk's shape under the limit, as the Zero Bubble paper's automatic
+scheduler searches ZB-H1's and ZB-H2's:
+
+* the round size g, from the rounds rule's (or p) down, larger first (a last round of
+  fewer microbatches where g does not divide m): a device runs (V-1)·g forwards before
+  its first backward can start, so smaller rounds fit in less memory, at the price of
+  more waiting;
+* the warm-up: one or two forwards more per device downstream (interleaved zero
+  bubble's and interleaved 1F1B's);
+* the W's kept pending after each B: r on device r (ZB-H1's) or none.
+
+Warm-ups cut short to fit a limit were measured and left out: on Zero Bubble's settings
+they were 2 to 6 times longer than a smaller round at its full warm-up (14.6B p16 m48 at
+12 activations: 1698.7 ms with rounds of 8, 5118.8 with rounds of 12 cut to fit).
+Memory depends on the order alone, so every shape is checked against the limit before
+it is timed; the shapes of the two largest round sizes that fit are timed (a smaller
+round was never shorter there) and the one with the shortest longest-device span is kept
+(the Zero Bubble convention, as zb-auto and v-auto). A shape that cannot finish (rounds
+smaller than p may deadlock) is skipped. Where none fits, the first shape that finishes
+is returned, over the limit, as the hand-made families are. With a deadline
+(time.monotonic()) no further shape is timed once it has passed and one fits.
+"""
+
+from __future__ import annotations
+
+import time
+
+from optimizer.errors import DeadlockError
+from optimizer.ops import op_memory
+from optimizer.problem import Problem
+from optimizer.schedule import fits_limits, peak_memory
+from optimizer.schedules.interleaved import Walk, rounds, walk, walk_sequence
+from optimizer.schedules.registry import Generator, Orders
+from optimizer.schedules.support import interleaved_chunks
+from optimizer.simulate import simulate_times
+
+# Warm-up forwards per device downstream: interleaved 1F1B's 2, interleaved zero bubble's 1.
+HOPS = (2, 1)
+# Round sizes timed once one fits (see the module doc).
+GROUPS_TIMED = 2
+
+
+def shapes(problem: Problem) -> list[Walk]:
+    """Every shape tried, largest rounds first (see the module doc)."""
+    p, m = problem.num_devices, problem.num_microbatches
+    v = problem.num_stages // p
+    largest = rounds(p, m)
+    top = largest[1] if largest is not None else p
+    found = []
+    for group in range(min(m, max(top, p)), 0, -1):
+        for hop in HOPS:
+            warmup = tuple(min(hop * (p - 1 - r) + (v - 1) * group, m * v) for r in range(p))
+            for deferred in (tuple(range(p)), tuple(0 for _ in range(p))):
+                found.append(Walk(group, warmup, deferred))
+    return found
+
+
+def warm_up_fits(problem: Problem, shape: Walk) -> bool:
+    """Whether every device's warm-up and the forward after it (all allocated before its
+    first backward frees anything) fit its limit: necessary for the shape to fit, and
+    cheap, so shapes far over the limit are never built."""
+    tables = problem.tables()
+    p = problem.num_devices
+    forwards = walk_sequence(problem, shape.group, forward=True)
+    for r in range(p):
+        held = sum(op_memory(tables, "F", c * p + r, 0) for c, _ in forwards[: shape.warmup[r] + 1])
+        if held > tables.limit[r] * (1 + 1e-9):
+            return False
+    return True
+
+
+def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
+    """The shortest fitting walk (see the module doc)."""
+    tables = problem.tables()
+    best: tuple[float, Orders] | None = None
+    groups_fitting: list[int] = []
+    every = shapes(problem)
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    for shape in every:
+        if late() or (shape.group not in groups_fitting and len(groups_fitting) == GROUPS_TIMED):
+            break
+        if not warm_up_fits(problem, shape):
+            continue
+        orders = walk(problem, shape)
+        if not fits_limits([peak_memory(tables, ops) for ops in orders], tables.limit):
+            continue
+        try:
+            timed = simulate_times(problem, orders)
+        except DeadlockError:
+            continue
+        if shape.group not in groups_fitting:
+            groups_fitting.append(shape.group)
+        span = max(ops[-1].end - ops[0].start for ops in timed if ops)
+        if best is None or span < best[0] - 1e-9:
+            best = (span, orders)
+    if best is not None:
+        return best[1]
+    # Nothing fits: the first shape that finishes, largest rounds first, over the limit
+    # (smaller rounds would be no nearer to a fit worth having, and often cannot finish).
+    for shape in every:
+        orders = walk(problem, shape)
+        if late():
+            return orders  # untimed: the caller times it (and says so if it cannot finish)
+        try:
+            simulate_times(problem, orders)
+        except DeadlockError:
+            continue
+        return orders
+    # Not met on any problem tried (p up to 8, m up to 3p, V = 2 and 3): rounds of p or
+    # more microbatches (torch's) finish, and they are among the shapes.
+    raise DeadlockError("interleaved-auto: every walk of the interleaved placement deadlocks on this problem", {})
+
+
+def unsupported(problem: Problem) -> str | None:
+    v = interleaved_chunks(problem)
+    if v is None or v < 2:
+        return f"needs the interleaved:V placement with V >= 2 (stage s on device s % p), got {problem.placement()}"
+    return None
+
+
+GENERATOR = Generator(
+    "interleaved-auto",
+    "Automatic interleaved schedule for any memory limit: the interleaved zero-bubble walk with its rounds, warm-up and deferred W's fitted",
+    interleaved_auto,
+    unsupported,
+    build_by=lambda problem, deadline: interleaved_auto(problem, deadline=deadline),
+)
