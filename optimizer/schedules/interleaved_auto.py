@@ -19,8 +19,10 @@ Warm-ups cut short to fit a limit were measured and left out: on Zero Bubble's s
 they were 2 to 6 times longer than a smaller round at its full warm-up (14.6B p16 m48 at
 12 activations: 1698.7 ms with rounds of 8, 5118.8 with rounds of 12 cut to fit).
 Memory depends on the order alone, so every shape is checked against the limit before
-it is timed; the shapes of the two largest round sizes that fit are timed (a smaller
-round was never shorter there) and the one with the shortest longest-device span is kept
+it is timed (first what its warm-up allocates, from counts, then its whole order); the
+shapes of the two largest round sizes that fit are timed, the second only where the
+first did not fit whole (a smaller round was never shorter there), and the one with the
+shortest longest-device span is kept
 (the Zero Bubble convention, as zb-auto and v-auto). A shape that cannot finish (rounds
 smaller than p may deadlock) is skipped. Where none fits, the first shape that finishes
 is returned, over the limit, as the hand-made families are. With a deadline
@@ -30,6 +32,7 @@ is returned, over the limit, as the hand-made families are. With a deadline
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from optimizer.errors import DeadlockError
 from optimizer.ops import op_memory
@@ -61,44 +64,65 @@ def shapes(problem: Problem) -> list[Walk]:
     return found
 
 
-def warm_up_fits(problem: Problem, shape: Walk) -> bool:
+def warm_up_held(problem: Problem, group: int) -> Callable[[int, int], float]:
+    """held(r, k): what the first k forwards of device r allocate (a forward allocates
+    at its start, nothing is freed before the first backward), from per-chunk counts."""
+    tables = problem.tables()
+    p, v = problem.num_devices, problem.num_stages // problem.num_devices
+    counts = [[0] * v]
+    for c, _ in walk_sequence(problem, group, forward=True):
+        row = list(counts[-1])
+        row[c] += 1
+        counts.append(row)
+    sizes = [[op_memory(tables, "F", c * p + r, 0) for c in range(v)] for r in range(p)]
+
+    def held(r: int, k: int) -> float:
+        row = counts[min(k, len(counts) - 1)]
+        return sum(n * size for n, size in zip(row, sizes[r]))
+
+    return held
+
+
+def warm_up_fits(problem: Problem, shape: Walk, held: Callable[[int, int], float]) -> bool:
     """Whether every device's warm-up and the forward after it (all allocated before its
     first backward frees anything) fit its limit: necessary for the shape to fit, and
     cheap, so shapes far over the limit are never built."""
-    tables = problem.tables()
-    p = problem.num_devices
-    forwards = walk_sequence(problem, shape.group, forward=True)
-    for r in range(p):
-        held = sum(op_memory(tables, "F", c * p + r, 0) for c, _ in forwards[: shape.warmup[r] + 1])
-        if held > tables.limit[r] * (1 + 1e-9):
-            return False
-    return True
+    limit = problem.tables().limit
+    return all(held(r, shape.warmup[r] + 1) <= limit[r] * (1 + 1e-9) for r in range(problem.num_devices))
 
 
 def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
     """The shortest fitting walk (see the module doc)."""
     tables = problem.tables()
     best: tuple[float, Orders] | None = None
-    groups_fitting: list[int] = []
+    fitting: list[int] = []  # round sizes with a shape that fits, in the order met
+    whole: dict[int, bool] = {}  # round size -> every shape of it fitted and finished
+    held: dict[int, Callable[[int, int], float]] = {}
     every = shapes(problem)
 
     def late() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
     for shape in every:
-        if late() or (shape.group not in groups_fitting and len(groups_fitting) == GROUPS_TIMED):
+        group = shape.group
+        # Smaller rounds only wait more: they are tried only while the larger ones do not
+        # all fit, and for at most GROUPS_TIMED round sizes that fit.
+        if late() or (group not in fitting and fitting and (len(fitting) == GROUPS_TIMED or whole[fitting[-1]])):
             break
-        if not warm_up_fits(problem, shape):
-            continue
-        orders = walk(problem, shape)
-        if not fits_limits([peak_memory(tables, ops) for ops in orders], tables.limit):
+        if group not in held:
+            held = {group: warm_up_held(problem, group)}
+        whole.setdefault(group, True)
+        orders = walk(problem, shape) if warm_up_fits(problem, shape, held[group]) else None
+        if orders is None or not fits_limits([peak_memory(tables, ops) for ops in orders], tables.limit):
+            whole[group] = False
             continue
         try:
             timed = simulate_times(problem, orders)
         except DeadlockError:
+            whole[group] = False
             continue
-        if shape.group not in groups_fitting:
-            groups_fitting.append(shape.group)
+        if group not in fitting:
+            fitting.append(group)
         span = max(ops[-1].end - ops[0].start for ops in timed if ops)
         if best is None or span < best[0] - 1e-9:
             best = (span, orders)
