@@ -92,7 +92,9 @@ def markdown(results: list[dict], time_limits: list[float], machine: str) -> str
     for r in results:
         if "refused" in r:
             lines.append(
-                f"| {r['setting']} | {r['torch']} | {r['placement']} | - | - |" + " - |" * len(time_limits) + f" - | - | {r['refused']} |"
+                f"| {r['setting']} | {r['torch']} | - | {r['placement']} | - | - |"
+                + " - |" * len(time_limits)
+                + f" - | - | {r['refused']} |"
             )
             continue
         cells = " | ".join(f"{run['makespan']:.1f} ({run['ratio']:.4f})" for run in r["auto"])

@@ -284,6 +284,9 @@ def test_bound_waits_when_it_and_the_automatic_schedulers_would_take_most_of_the
     assert bound_first(large, SolveOptions(time_limit=20.0))
     medium = uniform_problem(16, 64, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=6.0)
     assert bound_first(medium, SolveOptions(time_limit=5.0))
+    # No automatic scheduler applies on the interleaved placement: nothing to wait for.
+    looped = uniform_problem(32, 256, 1.0, 1.0, 0.5, placement="interleaved:2", mem_forward=0.5, memory_limit=16.0)
+    assert bound_first(looped, SolveOptions(time_limit=5.0))
 
 
 def test_families_over_the_limit_are_not_timed_once_a_schedule_fits():

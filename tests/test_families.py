@@ -336,3 +336,22 @@ def test_interleaved_auto_fits_below_the_walks_memory_and_beats_the_list_schedul
     ours = generate(problem, "interleaved-auto")
     assert ours.fits_memory()
     assert ours.makespan < generate(problem, "greedy").makespan
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        # A fused backward shorter than B then W.
+        uniform_problem(4, 12, 1.0, 1.0, 0.6, placement="interleaved:2", mem_forward=0.5, backward=1.2),
+        # B allocates, at m = p (interleaved 1F1B then runs everything as warm-up).
+        uniform_problem(4, 4, 1.0, 1.0, 0.6, placement="interleaved:2", mem_forward=0.5, mem_backward_input=0.5, memory_limit=4.0),
+    ],
+    ids=["fused-shorter", "b-allocates-m-equals-p"],
+)
+def test_interleaved_auto_is_never_longer_than_the_walks_where_fusing_wins(problem):
+    ours = generate(problem, "interleaved-auto")
+    for name in ("interleaved-1f1b", "interleaved-zb"):
+        theirs = generate(problem, name)
+        if theirs.fits_memory():
+            assert ours.fits_memory()
+            assert _span(ours) <= _span(theirs) + EXACT

@@ -34,6 +34,7 @@ from optimizer.exact.tracker import Tracker
 from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedule import orders_fit
+from optimizer.schedules import applicable
 from optimizer.schedules.listengine import sliced_support
 from optimizer.simulate import simulate
 
@@ -132,6 +133,9 @@ BOUND_SECONDS_CAP = 2.0
 # worse than torch's DualPipeV (the margin is for a loaded machine).
 BOUND_FIRST_SHARE = 0.4
 BOUND_AND_AUTOMATIC_SHARE = 0.6
+# A bound that comes after the starting points with less time left than it may take
+# keeps its parts that end within this share of what is left (each part is a bound alone).
+CUT_BOUND_SHARE = 0.5
 # A list schedule costs about a simulation and a memory check: 1.2 s at p = 32, m = 256
 # on the V placement (49k ops) on 2 cores. Once a fitting schedule is known, a policy
 # does not start with less time left than this estimate.
@@ -364,7 +368,8 @@ def bound_seconds(problem: Problem) -> float:
 def bound_first(problem: Problem, options: SolveOptions) -> bool:
     """Whether the lower bound is cheap enough to come before the starting points."""
     bound = bound_seconds(problem)
-    automatic = AUTOMATIC_SECONDS_PER_OP * problem.num_ops
+    runs_automatic = any(g.name in AUTOMATIC_SCHEDULERS for g in applicable(problem))
+    automatic = AUTOMATIC_SECONDS_PER_OP * problem.num_ops if runs_automatic else 0.0
     limit = options.time_limit
     return bound <= BOUND_FIRST_SHARE * limit and bound + automatic <= BOUND_AND_AUTOMATIC_SHARE * limit
 
@@ -374,7 +379,9 @@ def problem_bound(problem: Problem, options: SolveOptions, tracker: Tracker, *, 
     less time left than it may take, the parts of it that end in time (where it comes in
     parts), else the busiest device's work (instant, weaker)."""
     if within_time and tracker.left() < bound_seconds(problem):
-        found = lower_bound(problem, options.objective, deadline=tracker.deadline) if cut_by_deadline(problem) else busy_bound(problem)
+        # The search after it keeps the other half of what is left.
+        until = time.monotonic() + CUT_BOUND_SHARE * tracker.left()
+        found = lower_bound(problem, options.objective, deadline=until) if cut_by_deadline(problem) else busy_bound(problem)
     else:
         found = lower_bound(problem, options.objective)
     tracker.raise_bound(found.value, found.reason)

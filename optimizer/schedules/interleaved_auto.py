@@ -1,7 +1,7 @@
 """Automatic interleaved schedule: the interleaved walk shaped to any memory limit.
 
 Interleaved zero bubble (optimizer.schedules.interleaved_zb) holds about p + (V-1)·g
-chunk activations on device 0 (g: microbatches per round, p or more), interleaved 1F1B
+chunk activations on device 0 (g: microbatches per round, p or more; m when m < p), interleaved 1F1B
 more; below that neither fits and only list schedules did (p = 8, m = 24 on the Zero
 Bubble paper's 1.5B timings at 6 activations: 1344.7 ms after 10 s of search). This
 family searches the walk's shape under the limit, as the Zero Bubble paper's automatic
@@ -26,7 +26,9 @@ shortest longest-device span is kept
 (the Zero Bubble convention, as zb-auto and v-auto). A shape that cannot finish (rounds
 smaller than p may deadlock) is skipped. Where none fits, the first shape that finishes
 is returned, over the limit, as the hand-made families are. With a deadline
-(time.monotonic()) no further shape is timed once it has passed and one fits.
+(time.monotonic()) the search stops once it has passed and a shape has been timed; past
+it with none timed yet, the next shape that fits is returned untimed (the caller times
+it), and with none that fits, the first shape.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ import time
 from collections.abc import Callable
 
 from optimizer.errors import DeadlockError
+from optimizer.exact.canonical import fusing_can_win
 from optimizer.ops import op_memory
 from optimizer.problem import Problem
 from optimizer.schedule import fits_limits, peak_memory
-from optimizer.schedules.interleaved import Walk, rounds, walk, walk_sequence
+from optimizer.schedules.interleaved import Walk, family_walk, rounds, walk, walk_sequence
 from optimizer.schedules.registry import Generator, Orders
 from optimizer.schedules.support import interleaved_chunks
 from optimizer.simulate import simulate_times
@@ -50,17 +53,23 @@ GROUPS_TIMED = 2
 
 
 def shapes(problem: Problem) -> list[Walk]:
-    """Every shape tried, largest rounds first (see the module doc)."""
+    """Every shape tried, largest rounds first (see the module doc): interleaved 1F1B's
+    and interleaved zero bubble's own first where the rounds rule applies, so that the
+    result is never longer than theirs where they fit; fused backwards too where a fused
+    backward can beat B then W (optimizer.exact.canonical.fusing_can_win)."""
     p, m = problem.num_devices, problem.num_microbatches
     v = problem.num_stages // p
+    tables = problem.tables()
     largest = rounds(p, m)
+    found = [family_walk(problem, split=False), family_walk(problem, split=True)] if largest is not None else []
+    keeps: list[tuple[int, ...] | None] = [tuple(range(p)), tuple(0 for _ in range(p))]
+    if any(fusing_can_win(tables, s) for s in range(problem.num_stages)):
+        keeps.append(None)
     top = largest[1] if largest is not None else p
-    found = []
     for group in range(min(m, max(top, p)), 0, -1):
         for hop in HOPS:
             warmup = tuple(min(hop * (p - 1 - r) + (v - 1) * group, m * v) for r in range(p))
-            for deferred in (tuple(range(p)), tuple(0 for _ in range(p))):
-                found.append(Walk(group, warmup, deferred))
+            found += [Walk(group, warmup, deferred) for deferred in keeps if Walk(group, warmup, deferred) not in found]
     return found
 
 
@@ -107,7 +116,7 @@ def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
         group = shape.group
         # Smaller rounds only wait more: they are tried only while the larger ones do not
         # all fit, and for at most GROUPS_TIMED round sizes that fit.
-        if late() or (group not in fitting and fitting and (len(fitting) == GROUPS_TIMED or whole[fitting[-1]])):
+        if (late() and best is not None) or (group not in fitting and fitting and (len(fitting) == GROUPS_TIMED or whole[fitting[-1]])):
             break
         if group not in held:
             held = {group: warm_up_held(problem, group)}
@@ -116,6 +125,8 @@ def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
         if orders is None or not fits_limits([peak_memory(tables, ops) for ops in orders], tables.limit):
             whole[group] = False
             continue
+        if late():
+            return orders  # past the deadline with nothing timed yet: the first that fits, untimed
         try:
             timed = simulate_times(problem, orders)
         except DeadlockError:
@@ -133,7 +144,7 @@ def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
     for shape in every:
         orders = walk(problem, shape)
         if late():
-            return orders  # untimed: the caller times it (and says so if it cannot finish)
+            return orders  # untimed, over the limit: the caller times it (and says so if it cannot finish)
         try:
             simulate_times(problem, orders)
         except DeadlockError:
