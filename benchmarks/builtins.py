@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import SETTINGS, published_problem
-from benchmarks.saving import save_results
+from benchmarks.saving import cores, save_results
 from optimizer.errors import PipeschedError
 from optimizer.exact import SolveOptions, solve
 from optimizer.schedules import generate
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS / "builtins.json")
     args = parser.parse_args(argv)
     time_limits = [float(t) for t in args.time_limits.split(",")]
-    machine = f"{platform.machine()} ({_cores()} cores)"
+    machine = f"{platform.machine()} ({cores()} cores)"
     results = []
     for setting in SETTINGS:
         for class_name in BUILTIN:
@@ -139,12 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"machine": machine, "platform": platform.platform(), "time_limits": time_limits, "seed": args.seed, "results": results}
     save_results(args.output, payload, table)
     return 0
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Saving a benchmark's results: the JSON and its markdown table beside it, each written whole."""
+"""Saving a benchmark's results: the JSON and its markdown table beside it, each written
+whole, and the machine's core count the tables name."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from optimizer.io import write_json_atomic, write_text_atomic
@@ -12,3 +14,8 @@ def save_results(output: Path, payload: dict, table: str) -> None:
     between the two writes leaves the previous table, never half of one."""
     write_json_atomic(output, payload)
     write_text_atomic(output.with_suffix(".md"), table)
+
+
+def cores() -> int:
+    """The machine's core count, as the results' tables state it."""
+    return os.cpu_count() or 1

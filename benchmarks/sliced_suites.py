@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.saving import save_results
+from benchmarks.saving import cores, save_results
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.problem import Problem, uniform_problem
@@ -38,12 +38,6 @@ MEM_FORWARD, MEM_BACKWARD_INPUT = 1.0, -0.63
 SEQUENCE_LENGTH, HIDDEN = 65536, 2048
 UNSLICED_FAMILIES = ("gpipe", "1f1b")
 SLICED_FAMILIES = ("terapipe", "seq1f1b", "seq1f1b-zb")
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 def base_problem(p: int, m: int, backward: float | None = None) -> Problem:
@@ -127,7 +121,7 @@ def run_slice_case(case: SliceCase, time_limit: float, seed: int) -> dict:
 def slices_markdown(results: list[dict], time_limit: float) -> str:
     names = UNSLICED_FAMILIES + SLICED_FAMILIES
     lines = [
-        f"`auto` at {time_limit:g} s per case, seed 0, 2 workers, on {platform.machine()} ({_cores()} cores). "
+        f"`auto` at {time_limit:g} s per case, seed 0, 2 workers, on {platform.machine()} ({cores()} cores). "
         f"Attention-dominated slices of a {SEQUENCE_LENGTH}-token sequence (hidden {HIDDEN}), TeraPipe's slice lengths; "
         "memory limit p sequences' activations. Cells: makespan / peak memory (✗ over the limit); gpipe and 1f1b on the "
         "unsliced problem. Gap: (makespan - lower bound) / makespan. ×1F1B: unsliced 1F1B's makespan over auto's.",
@@ -195,7 +189,7 @@ def run_fused_case(case: FusedCase, time_limit: float, seed: int) -> dict:
 
 def fused_markdown(results: list[dict], time_limit: float) -> str:
     lines = [
-        f"`auto` at {time_limit:g} s per case, seed 0, 2 workers, on {platform.machine()} ({_cores()} cores). Zero Bubble's "
+        f"`auto` at {time_limit:g} s per case, seed 0, 2 workers, on {platform.machine()} ({cores()} cores). Zero Bubble's "
         "shape (F = 1, B = 1, W = 0.6, comm 0.03), memory limit p; BW = (B + W) / (1 + split extra). "
         "Cells: makespan / peak memory. Fused: auto's BW ops of all backwards.",
         "",

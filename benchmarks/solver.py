@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import SETTINGS, Setting, published_problem
-from benchmarks.saving import save_results
+from benchmarks.saving import cores, save_results
 from benchmarks.sliced_suites import run_suite
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import generator_candidates, objective_value
@@ -175,7 +175,7 @@ def run_case(case: Case, time_limit: float, seed: int) -> dict:
 
 def markdown(results: list[dict], time_limit: float) -> str:
     lines = [
-        f"Time limit {time_limit:g} s per case on {platform.machine()} ({_cores()} cores). Bubble: Zero Bubble convention; "
+        f"Time limit {time_limit:g} s per case on {platform.machine()} ({cores()} cores). Bubble: Zero Bubble convention; "
         "gap: (makespan - lower bound) / makespan; gain: auto's makespan below the best generator that fits the limit.",
         "",
         "| case | generators' bubble (✗ over the limit) | best fitting | auto bubble | gain | gap | status | s |",
@@ -286,7 +286,7 @@ def published_markdown(results: list[dict], time_limits: list[float]) -> str:
     auto_headers = " | ".join(f"auto {t:g} s" for t in time_limits)
     lines = [
         f"`auto` at {limits} s per case (objective: longest device span, the paper's), seed 0, 2 workers, on "
-        f"{platform.machine()} ({_cores()} cores). Bubble: Zero Bubble convention. Published: the paper's Table 5 "
+        f"{platform.machine()} ({cores()} cores). Bubble: Zero Bubble convention. Published: the paper's Table 5 "
         "(ZB-1p at limit p, ZB-2p at 2p). Limit in microbatch activations per device (M_B). Lower bound and gap "
         "(of the span) from the longest run.",
         "",
@@ -342,12 +342,6 @@ def _save_published(output: Path, results: list[dict], time_limits: list[float],
     table = published_markdown(results, time_limits)
     save_results(output, payload, table)
     return table
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedules.registry import Generator, Orders
 from optimizer.schedules.support import interleaved_chunks
+from optimizer.schedules.zero_bubble import run_backward
 
 
 def rounds(num_devices: int, num_microbatches: int) -> tuple[int, int] | None:
@@ -99,12 +100,10 @@ def walk(problem: Problem, shape: Walk) -> Orders:
 
         def backward(k: int) -> None:
             c, i = backwards[k]
-            op = Op("BW" if keep is None else "B", c * p + r, i)
-            ops.append(op)
-            if keep is not None:
-                pending.append(op._replace(kind="W"))
-                while len(pending) > keep:
-                    ops.append(pending.popleft())
+            if keep is None:
+                ops.append(Op("BW", c * p + r, i))
+            else:
+                run_backward(ops, pending, Op("B", c * p + r, i), keep)
 
         for k in range(warmup):
             forward(k)
@@ -122,10 +121,18 @@ def interleaved_1f1b(problem: Problem) -> Orders:
     return walk(problem, family_walk(problem, split=False))
 
 
-def unsupported(problem: Problem) -> str | None:
+def looped_only(problem: Problem) -> str | None:
+    """Why a walk does not apply to the problem's placement (None: interleaved:V, V >= 2)."""
     v = interleaved_chunks(problem)
     if v is None or v < 2:
         return f"needs the interleaved:V placement with V >= 2 (stage s on device s % p), got {problem.placement()}"
+    return None
+
+
+def unsupported(problem: Problem) -> str | None:
+    reason = looped_only(problem)
+    if reason is not None:
+        return reason
     p, m = problem.num_devices, problem.num_microbatches
     if rounds(p, m) is None:
         count = max(1, m // p)

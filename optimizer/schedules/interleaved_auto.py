@@ -41,9 +41,8 @@ from optimizer.exact.canonical import fusing_can_win
 from optimizer.ops import op_memory
 from optimizer.problem import Problem
 from optimizer.schedule import fits_limits, peak_memory
-from optimizer.schedules.interleaved import Walk, family_walk, rounds, walk, walk_sequence
+from optimizer.schedules.interleaved import Walk, family_walk, looped_only, rounds, walk, walk_sequence
 from optimizer.schedules.registry import Generator, Orders
-from optimizer.schedules.support import interleaved_chunks
 from optimizer.simulate import simulate_times
 
 # Warm-up forwards per device downstream: interleaved 1F1B's 2, interleaved zero bubble's 1.
@@ -119,7 +118,7 @@ def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
         if (late() and best is not None) or (group not in fitting and fitting and (len(fitting) == GROUPS_TIMED or whole[fitting[-1]])):
             break
         if group not in held:
-            held = {group: warm_up_held(problem, group)}
+            held[group] = warm_up_held(problem, group)
         whole.setdefault(group, True)
         orders = walk(problem, shape) if warm_up_fits(problem, shape, held[group]) else None
         if orders is None or not fits_limits([peak_memory(tables, ops) for ops in orders], tables.limit):
@@ -155,17 +154,10 @@ def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
     raise DeadlockError("interleaved-auto: every walk of the interleaved placement deadlocks on this problem", {})
 
 
-def unsupported(problem: Problem) -> str | None:
-    v = interleaved_chunks(problem)
-    if v is None or v < 2:
-        return f"needs the interleaved:V placement with V >= 2 (stage s on device s % p), got {problem.placement()}"
-    return None
-
-
 GENERATOR = Generator(
     "interleaved-auto",
     "Automatic interleaved schedule for any memory limit: the interleaved zero-bubble walk with its rounds, warm-up and deferred W's fitted",
     interleaved_auto,
-    unsupported,
+    looped_only,
     build_by=lambda problem, deadline: interleaved_auto(problem, deadline=deadline),
 )

@@ -20,6 +20,14 @@ from optimizer.schedules.registry import Orders
 from optimizer.schedules.units import backward_unit, forward_unit
 
 
+def run_backward(ops: list[Op], pending: deque[Op], b: Op, keep: int) -> None:
+    """Append the B `b`, keep its W pending, and run the oldest pending W's beyond `keep`."""
+    ops.append(b)
+    pending.append(b._replace(kind="W"))
+    while len(pending) > keep:
+        ops.append(pending.popleft())
+
+
 def split_backward_1f1b(problem: Problem, warmup: Callable[[int], int], deferred: Callable[[int], int], slices: int = 1) -> Orders:
     """Linear-placement orders: `warmup(r)` forwards first, then F/B pairs, W's deferred.
 
@@ -34,11 +42,7 @@ def split_backward_1f1b(problem: Problem, warmup: Callable[[int], int], deferred
         pending: deque[Op] = deque()
 
         def backward(u: int) -> None:
-            b = backward_unit(r, u, slices)
-            ops.append(b)
-            pending.append(b._replace(kind="W"))
-            while len(pending) > keep:
-                ops.append(pending.popleft())
+            run_backward(ops, pending, backward_unit(r, u, slices), keep)
 
         for u in range(units - w):
             ops.append(forward_unit(r, w + u, slices))
