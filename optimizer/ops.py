@@ -24,6 +24,7 @@ frees it at its end.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from functools import lru_cache
@@ -146,6 +147,21 @@ def op_memory(tables: Tables, kind: str, stage: int, slice: int = 0) -> float:
     if kind == "W":
         return tables.mem_backward_weight[stage] * share
     return (tables.mem_backward_input[stage] + tables.mem_backward_weight[stage]) * share
+
+
+# A fused backward shorter than B + W by less than this (relative) is float rounding of
+# B + W itself (a slice's BW time is computed through a ratio), not a saving.
+FUSED_SAVING_TOLERANCE = 1e-9
+
+
+def fusing_can_win(tables: Tables, stage: int, slice: int = 0) -> bool:
+    """Whether a fused backward can beat B then W on this stage and slice
+    (optimizer.exact.canonical says why): it is shorter, or B allocates memory under a
+    memory limit, which only the fused backward never holds."""
+    split = op_duration(tables, Kind.B, stage, slice) + op_duration(tables, Kind.W, stage, slice)
+    if op_duration(tables, Kind.BW, stage, slice) < split * (1 - FUSED_SAVING_TOLERANCE):
+        return True
+    return op_memory(tables, Kind.B, stage, slice) > 0 and math.isfinite(tables.limit[tables.device[stage]])
 
 
 # Dependency keys are built in the simulator's inner loop: tuple.__new__ skips the named

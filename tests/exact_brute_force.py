@@ -20,10 +20,9 @@ import math
 from collections.abc import Iterator
 
 from optimizer.errors import DeadlockError
-from optimizer.exact.canonical import fusing_can_win
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.spantiming import timed_for
-from optimizer.ops import Kind, Op, completion_key, dependencies, op_memory
+from optimizer.ops import Kind, Op, completion_key, dependencies, fusing_can_win, op_memory
 from optimizer.problem import Problem
 
 

@@ -14,9 +14,9 @@ import exact_brute_force
 import pytest
 
 from optimizer.exact import SolveOptions, solve
-from optimizer.exact.canonical import fusing_can_win
 from optimizer.exact.slicebounds import lower_bound
 from optimizer.io import validate_model
+from optimizer.ops import fusing_can_win
 from optimizer.problem import Problem
 from optimizer.validate import validate
 

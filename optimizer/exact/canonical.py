@@ -30,27 +30,12 @@ Two facts make every solver's search space smaller without losing any schedule:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-from optimizer.ops import Kind, Op, op_duration, op_memory
+from optimizer.ops import Kind, Op, fusing_can_win
 from optimizer.problem import Problem, Tables
 
 Orders = list[list[Op]]
-
-
-# A fused backward shorter than B + W by less than this (relative) is float rounding of
-# B + W itself (a slice's BW time is computed through a ratio), not a saving.
-FUSED_SAVING_TOLERANCE = 1e-9
-
-
-def fusing_can_win(tables: Tables, stage: int, slice: int = 0) -> bool:
-    """Whether a fused backward can beat B then W on this stage and slice (module doc):
-    it is shorter, or B allocates memory under a memory limit."""
-    split = op_duration(tables, Kind.B, stage, slice) + op_duration(tables, Kind.W, stage, slice)
-    if op_duration(tables, Kind.BW, stage, slice) < split * (1 - FUSED_SAVING_TOLERANCE):
-        return True
-    return op_memory(tables, Kind.B, stage, slice) > 0 and math.isfinite(tables.limit[tables.device[stage]])
 
 
 def split_fused(orders: Sequence[Sequence[Op]], tables: Tables | None = None) -> Orders:

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from optimizer.exact.bounds import _links, device_tails, heads
-from optimizer.exact.canonical import fusing_can_win
+from optimizer.ops import fusing_can_win
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 

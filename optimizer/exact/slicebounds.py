@@ -41,8 +41,7 @@ from __future__ import annotations
 
 from optimizer.exact.bounds import LowerBound, jackson_preemptive
 from optimizer.exact.bounds import lower_bound as unsliced_lower_bound
-from optimizer.exact.canonical import fusing_can_win
-from optimizer.ops import Kind, op_duration
+from optimizer.ops import Kind, fusing_can_win, op_duration
 from optimizer.problem import Problem
 
 Table = list[list[list[float]]]  # stage -> microbatch -> slice

@@ -149,7 +149,7 @@ def _memory_delta(tables: IntegerTables, op: Op) -> int:
 
 
 def fusing_can_win_ticks(tables: IntegerTables, op: Op) -> bool:
-    """optimizer.exact.canonical.fusing_can_win on the tick grid, for the B `op`: the fused
+    """optimizer.ops.fusing_can_win on the tick grid, for the B `op`: the fused
     backward is shorter, or B allocates memory under a limit (B then W holds that
     allocation between them, a fused BW never does)."""
     split = _ticks(tables, op._replace(kind=Kind.B)) + _ticks(tables, op._replace(kind=Kind.W))

@@ -37,8 +37,7 @@ import time
 from collections.abc import Callable
 
 from optimizer.errors import DeadlockError
-from optimizer.exact.canonical import fusing_can_win
-from optimizer.ops import op_memory
+from optimizer.ops import fusing_can_win, op_memory
 from optimizer.problem import Problem
 from optimizer.schedule import fits_limits, peak_memory
 from optimizer.schedules.interleaved import Walk, family_walk, looped_only, rounds, walk, walk_sequence
@@ -55,7 +54,7 @@ def shapes(problem: Problem) -> list[Walk]:
     """Every shape tried, largest rounds first (see the module doc): interleaved 1F1B's
     and interleaved zero bubble's own first where the rounds rule applies, so that the
     result is never longer than theirs where they fit; fused backwards too where a fused
-    backward can beat B then W (optimizer.exact.canonical.fusing_can_win)."""
+    backward can beat B then W (optimizer.ops.fusing_can_win)."""
     p, m = problem.num_devices, problem.num_microbatches
     v = problem.num_stages // p
     tables = problem.tables()
