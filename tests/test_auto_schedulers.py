@@ -5,6 +5,7 @@ the families torch ships."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -12,12 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.published import SETTINGS, published_problem, setting_named
-from optimizer.exact import SolveOptions
+from optimizer.exact import SolveOptions, incumbents
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.portfolio import bound_first, starting_points
 from optimizer.exact.tracker import Tracker
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedules import GENERATORS, applicable, generate
+from optimizer.schedules import v_auto as v_auto_module
 from optimizer.schedules.building_block import building_block_orders
 from optimizer.schedules.v_auto import v_auto, wave
 from optimizer.schedules.v_half import v_half_offsets
@@ -298,3 +300,36 @@ def test_families_over_the_limit_are_not_timed_once_a_schedule_fits():
     assert over and all(failed[name] == "over the memory limit (not timed)" for name in over)
     for c in fitting:
         assert c.schedule.makespan == next(e.schedule.makespan for e in every if e.name == c.name)
+
+
+def test_v_auto_on_large_problems_reorders_more_of_the_papers_blocks_when_its_deadline_leaves_room(monkeypatch):
+    # Every problem counted as large: without a deadline (or with one near) the 2 best-ranked
+    # blocks of the paper's family are reordered; with time to spare up to 8, and at p = 8 on
+    # the 1.5B timings a lower-ranked one wins (1281.6 -> 1277.9 ms at 6 activations).
+    monkeypatch.setattr(v_auto_module, "_MANY_OPS", 0)
+    problem = published_problem(setting_named("1.5B-p8-m24"), 6.0, "vshape")
+    plain = simulate(problem, v_auto(problem))
+    roomy = simulate(problem, v_auto(problem, deadline=time.monotonic() + 3600.0))
+    assert validate(problem, roomy.devices) == []
+    assert objective_value(roomy, "span") < objective_value(plain, "span") * (1 - 0.002)
+
+
+def test_an_automatic_scheduler_still_building_at_its_deadline_gives_its_best_so_far(monkeypatch):
+    """The solver waits for an automatic scheduler until its deadline; a candidate it is
+    still building then (v-auto's reordered blocks take about 1 s each at p = 32) must not
+    cost the shorter orders it had already found."""
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", mem_forward=0.5, memory_limit=3.0)
+    first = generate(problem, "v-min").order()
+    real = GENERATORS["v-auto"]
+
+    def slow(problem, deadline, keep):
+        keep(first)
+        time.sleep(3.0)  # the next candidate takes long past the deadline
+        return first
+
+    monkeypatch.setattr(incumbents, "applicable", lambda problem: [dataclasses.replace(real, build_by=slow)])
+    began = time.monotonic()
+    found, failed = generator_candidates(problem, essential=("v-auto",), essential_deadline=time.monotonic() + 0.5)
+    assert time.monotonic() - began < 2.0  # it did not wait for the build to end
+    assert [c.name for c in found] == ["v-auto"] and not failed
+    assert found[0].schedule.order() == first

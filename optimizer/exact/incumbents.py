@@ -70,7 +70,8 @@ def generator_candidates(
     problems) and are listed with the failed ones.
 
     With a `deadline` (time.monotonic()), a generator still running then is given up
-    (its thread is left to finish on its own) so that the solver keeps its time limit.
+    (its thread is left to finish on its own) so that the solver keeps its time limit;
+    an automatic scheduler's best orders found by then stand in for its result.
     The generators named in `essential` may run until `essential_deadline` instead.
     """
     found, failed = [], {}
@@ -90,7 +91,11 @@ def generator_candidates(
                 if own_deadline is None:
                     outcome["orders"] = generator.build(problem)
                 else:  # the time that timing its orders will take is kept out of the build's
-                    outcome["orders"] = generator.build_within(problem, own_deadline - _TIMING_SECONDS_PER_OP * problem.num_ops)
+                    outcome["orders"] = generator.build_within(
+                        problem,
+                        own_deadline - _TIMING_SECONDS_PER_OP * problem.num_ops,
+                        keep=lambda orders: outcome.__setitem__("so_far", orders),
+                    )
             except Exception as error:  # a broken family must not stop the solver; it is reported
                 outcome["error"] = f"{error.__class__.__name__}: {error}"
             finally:
@@ -101,7 +106,9 @@ def generator_candidates(
         else:
             threading.Thread(target=build, daemon=True).start()
             done.wait(max(0.0, own_deadline - time.monotonic()))
-        if not done.is_set():
+        if not done.is_set() and "so_far" in outcome:
+            outcome = {"orders": outcome["so_far"]}  # the build goes on in its thread; what it had stands
+        if "orders" not in outcome and "error" not in outcome:
             failed[generator.name] = "gave no schedule before the solver's time for known schedules ran out"
         elif "error" in outcome:
             failed[generator.name] = str(outcome["error"])

@@ -41,7 +41,7 @@ from optimizer.ops import fusing_can_win, op_memory
 from optimizer.problem import Problem
 from optimizer.schedule import fits_limits, peak_memory
 from optimizer.schedules.interleaved import Walk, family_walk, looped_only, rounds, walk, walk_sequence
-from optimizer.schedules.registry import Generator, Orders
+from optimizer.schedules.registry import Generator, Keep, Orders
 from optimizer.simulate import simulate_times
 
 # Warm-up forwards per device downstream: interleaved 1F1B's 2, interleaved zero bubble's 1.
@@ -98,8 +98,9 @@ def warm_up_fits(problem: Problem, shape: Walk, held: Callable[[int, int], float
     return all(held(r, shape.warmup[r] + 1) <= limit[r] * (1 + 1e-9) for r in range(problem.num_devices))
 
 
-def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
-    """The shortest fitting walk (see the module doc)."""
+def interleaved_auto(problem: Problem, deadline: float | None = None, keep: Keep | None = None) -> Orders:
+    """The shortest fitting walk (see the module doc); `keep` hears each shorter one as it
+    is found."""
     tables = problem.tables()
     best: tuple[float, Orders] | None = None
     fitting: list[int] = []  # round sizes with a shape that fits, in the order met
@@ -135,6 +136,8 @@ def interleaved_auto(problem: Problem, deadline: float | None = None) -> Orders:
         span = max(ops[-1].end - ops[0].start for ops in timed if ops)
         if best is None or span < best[0] - 1e-9:
             best = (span, orders)
+            if keep is not None:
+                keep(orders)
     if best is not None:
         return best[1]
     # Nothing fits: the first shape that finishes, largest rounds first, over the limit
@@ -158,5 +161,5 @@ GENERATOR = Generator(
     "Automatic interleaved schedule for any memory limit: the interleaved zero-bubble walk with its rounds, warm-up and deferred W's fitted",
     interleaved_auto,
     looped_only,
-    build_by=lambda problem, deadline: interleaved_auto(problem, deadline=deadline),
+    build_by=lambda problem, deadline, keep: interleaved_auto(problem, deadline=deadline, keep=keep),
 )

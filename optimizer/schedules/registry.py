@@ -10,6 +10,8 @@ from optimizer.ops import Op
 from optimizer.problem import Problem
 
 Orders = list[list[Op]]
+# Hears a build's best orders so far (Generator.build_by).
+Keep = Callable[[Orders], None]
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,10 @@ class Generator:
     (optimizer.schedules.vocab_passes). `alias`: another name for a family (not built
     twice by `compare` or the solver). `build_by`: for a family that tries candidates one
     after another (an automatic scheduler), the same build stopping at a deadline
-    (time.monotonic()) with the best it has by then; the solver calls it through
-    `build_within`, so that its time limit holds.
+    (time.monotonic()) with the best it has by then, handing each better one to `keep`
+    as it goes (so that a caller that cannot wait for the candidate being built still
+    has the best before it); the solver calls it through `build_within`, so that its
+    time limit holds.
     """
 
     name: str
@@ -35,19 +39,23 @@ class Generator:
     slices: bool = False
     alias: bool = False
     vocab_only: bool = False  # applies only to problems with vocabulary parallelism
-    build_by: Callable[[Problem, float], Orders] | None = None
+    build_by: Callable[[Problem, float, Keep | None], Orders] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "build", _with_vocab_passes(self.build))
 
-    def build_within(self, problem: Problem, deadline: float) -> Orders:
+    def build_within(self, problem: Problem, deadline: float, keep: Keep | None = None) -> Orders:
         """The family's orders, from the build that stops at `deadline` where it has one
-        (and weaving vocabulary passes the first way that fits once it has passed)."""
+        (and weaving vocabulary passes the first way that fits once it has passed). `keep`
+        hears the best orders so far of a build that has a deadline (not where vocabulary
+        passes are still to be woven in: those orders would lack them)."""
         build_by = self.build_by
         if build_by is None:
             # `build` weaves passes itself, but on the problem without them it builds plainly.
             return _with_vocab_passes(self.build, deadline)(problem)
-        return _with_vocab_passes(lambda plain: build_by(plain, deadline), deadline)(problem)
+        if problem.vocab_parallel is not None:
+            keep = None
+        return _with_vocab_passes(lambda plain: build_by(plain, deadline, keep), deadline)(problem)
 
     def reason(self, problem: Problem) -> str | None:
         """Why the family does not apply to `problem` (None: it does), slices included."""

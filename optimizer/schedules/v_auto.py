@@ -63,7 +63,7 @@ from optimizer.schedules.block_family import paper_blocks_by_peak
 from optimizer.schedules.block_reorder import reordered_block_orders
 from optimizer.schedules.building_block import building_block_orders, device_deltas
 from optimizer.schedules.greedy import greedy
-from optimizer.schedules.registry import Generator, Orders
+from optimizer.schedules.registry import Generator, Keep, Orders
 from optimizer.schedules.support import vshape_only
 from optimizer.schedules.v_greedy import v_greedy
 from optimizer.schedules.v_half import v_half_offsets
@@ -89,9 +89,15 @@ _SLOPES = (1, 2, 3)
 # V-Min's to p - 1 (22 cases), the best block was among the first 7 (the 7th once: 1284.7
 # against 1284.9 ms at p = 12, m = 36, limit 8); at p = 16 among the first 6.
 _PAPER_BLOCKS_REORDERED = 8
-# Above 10,000 ops the 2 best (at p = 32, m = 96, the first 2 of 6 give 3631.2 of 3622.1 ms
-# at 16 activations; each costs about 0.4 s at m = 256, ranking the family 0.55 s once).
+# Above 10,000 ops the 2 best (each costs about 1 s at p = 32, m = 96, ranking the family
+# 0.55 s once), and up to the 8 best while a deadline leaves room (`_roomy`): at p = 32,
+# m = 96 the 3rd to 7th win at every limit from 12 to 28 activations (at 20: 3243.3 ->
+# 3213.4 ms, where `auto` at 60 s from the 2 best reached 3230.8).
 _PAPER_BLOCKS_REORDERED_LARGE = 2
+# Share of v-auto's time (from its start to its deadline) within which the extra blocks
+# start: the rest is left to the solver's search (at 5 s on p = 32, m = 96 the first
+# blocks take most of the time and none is added; at 60 s all are).
+_EXTRA_BLOCKS_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -223,6 +229,7 @@ def _reordered(
     v_min: tuple[tuple[int, ...], ...],
     small: bool,
     due: Callable[[], bool],
+    roomy: Callable[[float], bool] = lambda seconds: False,
 ) -> Iterator[Orders]:
     """Blocks with their warm-up and cool-down reordered (optimizer.schedules.block_reorder),
     each with and without idle filling.
@@ -237,7 +244,9 @@ def _reordered(
     (optimizer.schedules.block_family), whose shifts meet other memory levels: the blocks
     whose steady peak fits the limit, highest first (p16 m48 at 10, 13, 14: 1748.8 ->
     1736.9, 1655.1 -> 1644.4, 1635.5 -> 1613.7 ms; p32 m96 at 14, 16, 28: 3851.4 -> 3767.4,
-    3631.2, 2987.7), fewer above 10,000 ops. No block is built once `due()`.
+    3631.2, 2987.7), fewer above 10,000 ops unless `roomy(seconds)` says that one more,
+    taking twice as long as the slowest so far, still ends in time. No block is built once
+    `due()`.
     """
     m = problem.num_microbatches
     chunk_caps = _chunk_caps(problem)
@@ -250,26 +259,45 @@ def _reordered(
         yield from reordered_block_orders([list(r) for r in offsets], m, caps)
     if limit_cap is not None and not due():
         fitting = [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= limit_cap]
-        for offsets in fitting[: _PAPER_BLOCKS_REORDERED if small else _PAPER_BLOCKS_REORDERED_LARGE]:
-            if due():
+        slowest = 0.0  # seconds of one block, its timing by the caller included
+        for rank, offsets in enumerate(fitting[:_PAPER_BLOCKS_REORDERED]):
+            if due() or (not small and rank >= _PAPER_BLOCKS_REORDERED_LARGE and not roomy(2 * slowest)):
                 return
+            began = time.monotonic()
             yield from reordered_block_orders([list(r) for r in offsets], m)
+            slowest = max(slowest, time.monotonic() - began)
 
 
-def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: bool = True, deadline: float | None = None) -> Orders:
+def v_auto(
+    problem: Problem,
+    bends: bool = True,
+    denser: bool = True,
+    reorder: bool = True,
+    deadline: float | None = None,
+    keep: Keep | None = None,
+) -> Orders:
     """The best V-shape order within the limit (see the module docstring); `bends=False`
     leaves the bent blocks out (what the constant-slope family alone reaches),
     `denser=False` the squeezes up to the limit, and `reorder=False` the reordered blocks.
     With a `deadline` (time.monotonic()) no further candidate is built once it has passed
     and one fits: the candidates come cheapest and strongest first (ZB-V, the chosen blocks,
     V-Min's and V-Half's), so a solver's time limit holds at the largest sizes (p = 32,
-    m = 256: 1.9-2.7 s in all)."""
+    m = 256: 1.9-2.7 s in all). Above 10,000 ops a deadline far enough away also buys more
+    of the paper's family reordered (`_EXTRA_BLOCKS_SHARE`); without one the build stays
+    the same whatever the machine's speed. `keep` hears each shorter order that fits as it
+    is found."""
     p, m = problem.num_devices, problem.num_microbatches
     tables = problem.tables()
     best: tuple[float, Orders] | None = None
+    began = time.monotonic()
 
     def due() -> bool:
         return deadline is not None and best is not None and time.monotonic() >= deadline
+
+    def roomy(seconds: float) -> bool:
+        """Whether work of `seconds` started now ends within the first _EXTRA_BLOCKS_SHARE
+        of the time to the deadline."""
+        return deadline is not None and time.monotonic() + seconds < began + _EXTRA_BLOCKS_SHARE * (deadline - began)
 
     def peaks(orders: Orders) -> list[float]:
         return [peak_memory(tables, ops) for ops in orders]
@@ -288,6 +316,8 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
         span = max(ops[-1].end - ops[0].start for ops in timed if ops)
         if best is None or span < best[0]:
             best = (span, orders)
+            if keep is not None:
+                keep(orders)
         return True
 
     zb_v_orders = zb_v(problem)
@@ -314,7 +344,7 @@ def v_auto(problem: Problem, bends: bool = True, denser: bool = True, reorder: b
             break
         consider(building_block_orders([list(r) for r in offsets], m))
     if reorder and not zb_v_fits:
-        for orders in _reordered(problem, [b.offsets for b in chosen], known[0], small, due):
+        for orders in _reordered(problem, [b.offsets for b in chosen], known[0], small, due, roomy):
             consider(orders)
     # Memory above a block's own peak: squeezed up to the limit instead, its warm-up and
     # cool-down run denser (p16 m48 at limit 15: 1737.0 -> 1644.6 ms). The constant-slope
@@ -356,5 +386,5 @@ GENERATOR = Generator(
     "ZB-V-style rounds, list scheduler",
     v_auto,
     vshape_only,
-    build_by=lambda problem, deadline: v_auto(problem, deadline=deadline),
+    build_by=lambda problem, deadline, keep: v_auto(problem, deadline=deadline, keep=keep),
 )
