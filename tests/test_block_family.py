@@ -4,12 +4,14 @@ V-Min and V-Half, and the steady peak that ranks a block is the peak of the repe
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import astuple
 
 import pytest
 
 from benchmarks.published import Setting, published_problem, setting_named
 from optimizer.exact.incumbents import objective_value
+from optimizer.schedules import block_family
 from optimizer.schedules.block_family import paper_blocks, paper_blocks_by_peak, steady_peak
 from optimizer.schedules.block_reorder import _peak, _repeat, reordered_block_orders
 from optimizer.schedules.v_auto import v_auto
@@ -29,6 +31,29 @@ def test_every_block_follows_the_v_chain_with_distinct_phases(p):
         assert all(f0[i] < f0[i + 1] and b1[i] < b1[i + 1] for i in range(p - 1))  # down the V
         assert all(f1[i] > f1[i + 1] and b0[i] > b0[i + 1] for i in range(p - 1))  # back up
         assert f1[p - 1] > f0[p - 1] and b1[0] > f1[0] and b0[p - 1] > b1[p - 1]  # the turns
+
+
+def _family_by_definition(p: int) -> tuple:
+    """The family as the module doc defines it, one (device-0 phases, shifts, bend) at a
+    time, each device's phases from the one before it."""
+    shifts = [(k, -1, k, -1) for k in range(1, 6)]
+    blocks: dict = {}
+    for rest in itertools.permutations(range(1, 6), 3):
+        for i, before in enumerate(shifts):
+            for after in shifts[: i + 1]:
+                for bend in range(1, p) if p > 1 else (1,):
+                    rows = [(0, *rest)]
+                    for device in range(1, p):
+                        shift = before if device <= bend else after
+                        rows.append(tuple((x + s) % 6 for x, s in zip(rows[-1], shift)))
+                    if all(len(set(row)) == 4 for row in rows):
+                        blocks.setdefault(block_family._absolute(rows), None)
+    return tuple(blocks)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8, 13])
+def test_the_family_is_enumerated_as_defined_in_the_same_order(p):
+    assert paper_blocks(p) == _family_by_definition(p)
 
 
 @pytest.mark.parametrize("p", [3, 4, 6, 8, 16])

@@ -41,23 +41,31 @@ def paper_blocks(p: int) -> tuple[Block, ...]:
     for rest in permutations(range(1, _PERIOD), 3):
         first = (0, *rest)
         for i, before in enumerate(_SHIFTS):
+            leading = _walk(first, before, p)  # the rows up to any bend
             for after in _SHIFTS[: i + 1]:
-                for bend in range(1, p) if p > 1 else (1,):
-                    phases = _phases(first, before, after, bend, p)
-                    if phases is not None:
-                        blocks.setdefault(_absolute(phases), None)
+                if p == 1:
+                    blocks.setdefault(_absolute(leading), None)
+                    continue
+                # One shift throughout: every bend gives the same block.
+                for bend in range(1, p) if after != before else (1,):
+                    if bend >= len(leading):
+                        break  # two ops of a device share a slot before the bend
+                    trailing = _walk(leading[bend], after, p - bend)
+                    if len(trailing) == p - bend:
+                        blocks.setdefault(_absolute(leading[:bend] + trailing), None)
     return tuple(blocks)
 
 
-def _phases(first: Sequence[int], before: Sequence[int], after: Sequence[int], bend: int, p: int) -> list[tuple[int, ...]] | None:
-    """Each device's [F0, F1, B1, B0] phases: `before` per hop up to device `bend`, then `after`."""
-    rows = [tuple(first)]
-    for device in range(1, p):
-        shift = before if device <= bend else after
-        row = tuple((x + s) % _PERIOD for x, s in zip(rows[-1], shift))
-        if len(set(row)) < 4:
-            return None
-        rows.append(row)
+def _walk(row: tuple[int, ...], shift: Sequence[int], count: int) -> list[tuple[int, ...]]:
+    """`row` and the next rows, each `shift` after the one before, up to `count` rows in
+    all, stopping before the first whose four phases are not distinct (its device would
+    run two ops in one slot of the period)."""
+    rows = [row]
+    while len(rows) < count:
+        nxt = tuple((x + s) % _PERIOD for x, s in zip(rows[-1], shift))
+        if len(set(nxt)) < 4:
+            break
+        rows.append(nxt)
     return rows
 
 
