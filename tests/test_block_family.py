@@ -42,7 +42,7 @@ def _family_by_definition(p: int) -> tuple:
         for i, before in enumerate(shifts):
             for after in shifts[: i + 1]:
                 for bend in range(1, p) if p > 1 else (1,):
-                    rows = [(0, *rest)]
+                    rows: list[tuple[int, ...]] = [(0, *rest)]
                     for device in range(1, p):
                         shift = before if device <= bend else after
                         rows.append(tuple((x + s) % 6 for x, s in zip(rows[-1], shift)))
