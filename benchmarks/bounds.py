@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem
-from benchmarks.saving import save_results
+from benchmarks.saving import save_results, selected
 from benchmarks.solver import PublishedCase, published_cases
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.incumbents import generator_candidates, objective_value
@@ -76,10 +76,10 @@ def table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="run only cases whose name contains this text")
+    parser.add_argument("--only", default="", help="run only cases whose name contains this text (or one of these, comma-separated)")
     parser.add_argument("--output", type=Path, default=RESULTS / "bounds.json")
     args = parser.parse_args(argv)
-    cases = [c for c in published_cases() if args.only in c.name]
+    cases = [c for c in published_cases() if selected(c.name, args.only)]
     results = []
     for case in cases:
         r = run_case(case)

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import Setting, published_problem, setting_named
-from benchmarks.saving import save_results
+from benchmarks.saving import save_results, selected
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import objective_value
 from optimizer.schedules import generate
@@ -99,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=5.0, help="seconds for each auto run")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default="", help="run only settings whose name contains this text")
+    parser.add_argument("--only", default="", help="run only settings whose name contains this text (or one of these, comma-separated)")
     parser.add_argument("--output", type=Path, default=RESULTS / "limits.json")
     args = parser.parse_args(argv)
     results: list[dict] = []
-    for setting in (setting_named(n) for n in SETTING_NAMES if args.only in n):
+    for setting in (setting_named(n) for n in SETTING_NAMES if selected(n, args.only)):
         for limit in limits_of(setting.p):
             r = run_case(setting, limit, args.time_limit, args.seed)
             results.append(r)

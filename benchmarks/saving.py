@@ -19,3 +19,9 @@ def save_results(output: Path, payload: dict, table: str) -> None:
 def cores() -> int:
     """The machine's core count, as the results' tables state it."""
     return os.cpu_count() or 1
+
+
+def selected(name: str, only: str) -> bool:
+    """Whether a case named `name` is run under `--only`: it contains one of the
+    comma-separated texts (all cases when `only` is empty)."""
+    return any(part in name for part in only.split(","))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.saving import cores, save_results
+from benchmarks.saving import cores, save_results, selected
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.problem import Problem, uniform_problem
@@ -215,7 +215,7 @@ def run_suite(suite: str, time_limit: float, seed: int, only: str, output: Path)
     else:
         cases = fused_cases()
         run, table_of = run_fused_case, fused_markdown
-    cases = [c for c in cases if only in c.name]
+    cases = [c for c in cases if selected(c.name, only)]
     results: list[dict] = []
     table = ""
     for case in cases:
