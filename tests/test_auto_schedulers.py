@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.published import SETTINGS, published_problem, setting_named
-from optimizer.exact import SolveOptions, incumbents
+from optimizer.exact import SolveOptions, incumbents, portfolio
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.portfolio import bound_first, starting_points
 from optimizer.exact.tracker import Tracker
@@ -302,16 +302,23 @@ def test_families_over_the_limit_are_not_timed_once_a_schedule_fits():
         assert c.schedule.makespan == next(e.schedule.makespan for e in every if e.name == c.name)
 
 
-def test_v_auto_on_large_problems_reorders_more_of_the_papers_blocks_when_its_deadline_leaves_room(monkeypatch):
-    # Every problem counted as large: without a deadline (or with one near) the 2 best-ranked
-    # blocks of the paper's family are reordered; with time to spare up to 8, and at p = 8 on
-    # the 1.5B timings a lower-ranked one wins (1281.6 -> 1277.9 ms at 6 activations).
-    monkeypatch.setattr(v_auto_module, "_MANY_OPS", 0)
+def test_the_solver_reorders_more_of_the_papers_blocks_than_v_auto_on_large_problems(monkeypatch):
+    # Every problem counted as large: v-auto reorders the 2 best-ranked blocks of the
+    # paper's family, the solver's phase the 3rd to 8th, and at p = 8 on the 1.5B timings
+    # a lower-ranked one wins (1281.6 -> 1277.9 ms at 6 activations).
     problem = published_problem(setting_named("1.5B-p8-m24"), 6.0, "vshape")
-    plain = simulate(problem, v_auto(problem))
-    roomy = simulate(problem, v_auto(problem, deadline=time.monotonic() + 3600.0))
-    assert validate(problem, roomy.devices) == []
-    assert objective_value(roomy, "span") < objective_value(plain, "span") * (1 - 0.002)
+    # a phase only where v-auto leaves blocks out (p = 32, m = 96), not at p = 8, m = 24
+    large = published_problem(setting_named("28.3B-p32-m96"), 20.0, "vshape")
+    options = SolveOptions(time_limit=10)
+    assert portfolio._more_blocks(large, options) and not portfolio._more_blocks(problem, options)
+    assert "more of the paper's V blocks, reordered" in [phase.name for phase in portfolio.PHASES]
+    monkeypatch.setattr(v_auto_module, "_MANY_OPS", 0)
+    plain = objective_value(simulate(problem, v_auto(problem)), "span")
+    more = [simulate(problem, orders) for _, orders in v_auto_module.more_reordered_blocks(problem, time.monotonic() + 3600.0)]
+    assert more and all(validate(problem, schedule.devices) == [] for schedule in more)
+    assert min(objective_value(schedule, "span") for schedule in more) < plain * (1 - 0.002)
+    # and none is started when its estimated time would end past the deadline
+    assert list(v_auto_module.more_reordered_blocks(problem, time.monotonic())) == []
 
 
 def test_an_automatic_scheduler_still_building_at_its_deadline_gives_its_best_so_far(monkeypatch):

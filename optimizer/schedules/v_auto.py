@@ -90,14 +90,13 @@ _SLOPES = (1, 2, 3)
 # against 1284.9 ms at p = 12, m = 36, limit 8); at p = 16 among the first 6.
 _PAPER_BLOCKS_REORDERED = 8
 # Above 10,000 ops the 2 best (each costs about 1 s at p = 32, m = 96, ranking the family
-# 0.55 s once), and up to the 8 best while a deadline leaves room (`_roomy`): at p = 32,
-# m = 96 the 3rd to 7th win at every limit from 12 to 28 activations (at 20: 3243.3 ->
-# 3213.4 ms, where `auto` at 60 s from the 2 best reached 3230.8).
+# 0.16 s once); the solver reorders the others up to the 8th later, alongside its bound
+# (`more_reordered_blocks`): at p = 32, m = 96 the 3rd to 7th win at every limit from 12
+# to 28 activations (at 20: 3243.3 -> 3213.4 ms).
 _PAPER_BLOCKS_REORDERED_LARGE = 2
-# Share of v-auto's time (from its start to its deadline) within which the extra blocks
-# start: the rest is left to the solver's search (at 5 s on p = 32, m = 96 the first
-# blocks take most of the time and none is added; at 60 s all are).
-_EXTRA_BLOCKS_SHARE = 0.5
+# What reordering one block and timing its orders costs, per op (about 1 s at p = 32, m =
+# 96 on 2 cores, with room for a slower machine).
+_BLOCK_SECONDS_PER_OP = 1e-4
 
 
 @dataclass(frozen=True)
@@ -229,7 +228,6 @@ def _reordered(
     v_min: tuple[tuple[int, ...], ...],
     small: bool,
     due: Callable[[], bool],
-    roomy: Callable[[float], bool] = lambda seconds: False,
 ) -> Iterator[Orders]:
     """Blocks with their warm-up and cool-down reordered (optimizer.schedules.block_reorder),
     each with and without idle filling.
@@ -244,9 +242,7 @@ def _reordered(
     (optimizer.schedules.block_family), whose shifts meet other memory levels: the blocks
     whose steady peak fits the limit, highest first (p16 m48 at 10, 13, 14: 1748.8 ->
     1736.9, 1655.1 -> 1644.4, 1635.5 -> 1613.7 ms; p32 m96 at 14, 16, 28: 3851.4 -> 3767.4,
-    3631.2, 2987.7), fewer above 10,000 ops unless `roomy(seconds)` says that one more,
-    taking twice as long as the slowest so far, still ends in time. No block is built once
-    `due()`.
+    3631.2, 2987.7), fewer above 10,000 ops. No block is built once `due()`.
     """
     m = problem.num_microbatches
     chunk_caps = _chunk_caps(problem)
@@ -259,13 +255,10 @@ def _reordered(
         yield from reordered_block_orders([list(r) for r in offsets], m, caps)
     if limit_cap is not None and not due():
         fitting = [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= limit_cap]
-        slowest = 0.0  # seconds of one block, its timing by the caller included
-        for rank, offsets in enumerate(fitting[:_PAPER_BLOCKS_REORDERED]):
-            if due() or (not small and rank >= _PAPER_BLOCKS_REORDERED_LARGE and not roomy(2 * slowest)):
+        for offsets in fitting[: _PAPER_BLOCKS_REORDERED if small else _PAPER_BLOCKS_REORDERED_LARGE]:
+            if due():
                 return
-            began = time.monotonic()
             yield from reordered_block_orders([list(r) for r in offsets], m)
-            slowest = max(slowest, time.monotonic() - began)
 
 
 def v_auto(
@@ -282,22 +275,13 @@ def v_auto(
     With a `deadline` (time.monotonic()) no further candidate is built once it has passed
     and one fits: the candidates come cheapest and strongest first (ZB-V, the chosen blocks,
     V-Min's and V-Half's), so a solver's time limit holds at the largest sizes (p = 32,
-    m = 256: 1.9-2.7 s in all). Above 10,000 ops a deadline far enough away also buys more
-    of the paper's family reordered (`_EXTRA_BLOCKS_SHARE`); without one the build stays
-    the same whatever the machine's speed. `keep` hears each shorter order that fits as it
-    is found."""
+    m = 256: 1.9-2.7 s in all). `keep` hears each shorter order that fits as it is found."""
     p, m = problem.num_devices, problem.num_microbatches
     tables = problem.tables()
     best: tuple[float, Orders] | None = None
-    began = time.monotonic()
 
     def due() -> bool:
         return deadline is not None and best is not None and time.monotonic() >= deadline
-
-    def roomy(seconds: float) -> bool:
-        """Whether work of `seconds` started now ends within the first _EXTRA_BLOCKS_SHARE
-        of the time to the deadline."""
-        return deadline is not None and time.monotonic() + seconds < began + _EXTRA_BLOCKS_SHARE * (deadline - began)
 
     def peaks(orders: Orders) -> list[float]:
         return [peak_memory(tables, ops) for ops in orders]
@@ -344,7 +328,7 @@ def v_auto(
             break
         consider(building_block_orders([list(r) for r in offsets], m))
     if reorder and not zb_v_fits:
-        for orders in _reordered(problem, [b.offsets for b in chosen], known[0], small, due, roomy):
+        for orders in _reordered(problem, [b.offsets for b in chosen], known[0], small, due):
             consider(orders)
     # Memory above a block's own peak: squeezed up to the limit instead, its warm-up and
     # cool-down run denser (p16 m48 at limit 15: 1737.0 -> 1644.6 ms). The constant-slope
@@ -378,6 +362,35 @@ def v_auto(
     if best is None:
         raise InfeasibleError("v-auto: no V-shape schedule fits the memory limit")
     return best[1]
+
+
+def leaves_blocks_out(problem: Problem) -> bool:
+    """Whether `v_auto` reorders fewer of the paper's blocks than it would on a smaller
+    problem (above 10,000 ops)."""
+    return 6 * problem.num_devices * problem.num_microbatches > _MANY_OPS
+
+
+def more_reordered_blocks(problem: Problem, deadline: float) -> Iterator[tuple[str, Orders]]:
+    """On problems above 10,000 ops, the paper's family blocks `v_auto` leaves out (the 3rd
+    to 8th best-fitting), reordered, each as (name, orders) within the limit, for as long
+    as the next one is expected to end before `deadline` (time.monotonic()). Nothing
+    where `v_auto` reorders them itself (smaller problems), where ZB-V fits (the blocks
+    do not come near it) or where there is no limit."""
+    p, m = problem.num_devices, problem.num_microbatches
+    if not leaves_blocks_out(problem) or vshape_only(problem) is not None:
+        return
+    tables = problem.tables()
+    chunk_caps = _chunk_caps(problem)
+    if not all(math.isfinite(c) for c in chunk_caps) or fits_limits([peak_memory(tables, ops) for ops in zb_v(problem)], tables.limit):
+        return
+    limit_cap = int(min(chunk_caps))
+    fitting = [block for peak, block in paper_blocks_by_peak(p) if peak <= limit_cap]
+    for rank in range(_PAPER_BLOCKS_REORDERED_LARGE, min(_PAPER_BLOCKS_REORDERED, len(fitting))):
+        if time.monotonic() + _BLOCK_SECONDS_PER_OP * problem.num_ops > deadline:
+            return
+        for orders in reordered_block_orders([list(r) for r in fitting[rank]], m):
+            if fits_limits([peak_memory(tables, ops) for ops in orders], tables.limit):
+                yield f"v-auto's family block {rank + 1}, reordered", orders
 
 
 GENERATOR = Generator(
