@@ -202,6 +202,17 @@ def _chunk_caps(problem: Problem) -> list[float]:
     return caps
 
 
+def _limit_cap(problem: Problem) -> int | None:
+    """The fewest chunk activations a device may hold (None: no limit)."""
+    chunk_caps = _chunk_caps(problem)
+    return int(min(chunk_caps)) if all(math.isfinite(c) for c in chunk_caps) else None
+
+
+def _fitting_family(problem: Problem, limit_cap: int) -> list[tuple[tuple[int, ...], ...]]:
+    """The paper's family blocks whose steady peak fits `limit_cap`, highest peak first."""
+    return [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= limit_cap]
+
+
 def _denser_squeezes(problem: Problem) -> list[tuple[list[float], list[tuple[float, ...]] | None]]:
     """(caps, deltas) of the squeezes up to the limit: in chunk activations and in the
     problem's own memory changes."""
@@ -245,8 +256,7 @@ def _reordered(
     3631.2, 2987.7), fewer above 10,000 ops. No block is built once `due()`.
     """
     m = problem.num_microbatches
-    chunk_caps = _chunk_caps(problem)
-    limit_cap = int(min(chunk_caps)) if all(math.isfinite(c) for c in chunk_caps) else None
+    limit_cap = _limit_cap(problem)
     caps = [0, limit_cap] if small and limit_cap is not None else [0]
     blocks = [*chosen, v_min] if small else chosen[:1] or [v_min]
     for offsets in blocks:
@@ -254,8 +264,7 @@ def _reordered(
             return
         yield from reordered_block_orders([list(r) for r in offsets], m, caps)
     if limit_cap is not None and not due():
-        fitting = [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= limit_cap]
-        for offsets in fitting[: _PAPER_BLOCKS_REORDERED if small else _PAPER_BLOCKS_REORDERED_LARGE]:
+        for offsets in _fitting_family(problem, limit_cap)[: _PAPER_BLOCKS_REORDERED if small else _PAPER_BLOCKS_REORDERED_LARGE]:
             if due():
                 return
             yield from reordered_block_orders([list(r) for r in offsets], m)
@@ -312,7 +321,7 @@ def v_auto(
     # real one), so the result is never worse than theirs where they fit. Where ZB-V fits,
     # the generalised blocks (below V-Half's memory or just above) do not come near it.
     known = [tuple(tuple(r) for r in rows) for rows in (v_min_offsets(p), v_half_offsets(p))]
-    small = 6 * p * m <= _MANY_OPS
+    small = not leaves_blocks_out(problem)
     chosen: list[Block] = []
     if not zb_v_fits:
         for bent, budget in (
@@ -376,19 +385,17 @@ def more_reordered_blocks(problem: Problem, deadline: float) -> Iterator[tuple[s
     as the next one is expected to end before `deadline` (time.monotonic()). Nothing
     where `v_auto` reorders them itself (smaller problems), where ZB-V fits (the blocks
     do not come near it) or where there is no limit."""
-    p, m = problem.num_devices, problem.num_microbatches
     if not leaves_blocks_out(problem) or vshape_only(problem) is not None:
         return
     tables = problem.tables()
-    chunk_caps = _chunk_caps(problem)
-    if not all(math.isfinite(c) for c in chunk_caps) or fits_limits([peak_memory(tables, ops) for ops in zb_v(problem)], tables.limit):
+    limit_cap = _limit_cap(problem)
+    if limit_cap is None or fits_limits([peak_memory(tables, ops) for ops in zb_v(problem)], tables.limit):
         return
-    limit_cap = int(min(chunk_caps))
-    fitting = [block for peak, block in paper_blocks_by_peak(p) if peak <= limit_cap]
+    fitting = _fitting_family(problem, limit_cap)
     for rank in range(_PAPER_BLOCKS_REORDERED_LARGE, min(_PAPER_BLOCKS_REORDERED, len(fitting))):
         if time.monotonic() + _BLOCK_SECONDS_PER_OP * problem.num_ops > deadline:
             return
-        for orders in reordered_block_orders([list(r) for r in fitting[rank]], m):
+        for orders in reordered_block_orders([list(r) for r in fitting[rank]], problem.num_microbatches):
             if fits_limits([peak_memory(tables, ops) for ops in orders], tables.limit):
                 yield f"v-auto's family block {rank + 1}, reordered", orders
 
