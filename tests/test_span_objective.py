@@ -375,27 +375,27 @@ def test_anchored_sets_start_with_the_first_device_and_follow_the_pipeline():
 
 @pytest.mark.slow
 def test_the_first_device_with_its_neighbours_bounds_the_span_above_the_device_alone():
-    # Alone, device 0 proves 476.08 ms; with devices 1 and 2 kept in its frame, 509.12; the
-    # optimum is 531.51 (the whole model proves it). Both figures were measured once; the
-    # test asks for the set's gain, well inside them, and never past v-auto's span. The
-    # sets take 12 s alone on 2 cores, 24 s beside two busy processes; one CI run on a
-    # loaded machine stopped at 481.98 after 40 s, so they get 90 s (a deadline, not a
-    # target: the call returns as soon as the sets are done).
-    problem = small_v_at_v_min(8)
+    # At m = 4: alone, device 0 proves 272.69 ms; with devices 1 and 2 kept in its frame,
+    # 289.43; with all four, 308.72, the optimum (the whole model proves it). Measured once;
+    # the test asks for the set's gain, well inside them, and never past v-auto's span.
+    # The sets close in 0.4 s on a quiet machine; the 60 s deadline is a ceiling, not a
+    # target (the call returns once the sets are done), so load cannot decide the result.
+    # (At m = 8 the sets took 17 s quiet, and twice a loaded run stopped before them.)
+    problem = small_v_at_v_min(4)
     start = simulate(problem, GENERATORS["v-auto"].build(problem))
     upper = objective_value(start, "span")
     reasons = []
     bound = device_subset_bound(
         problem,
         upper=upper,
-        deadline=time.monotonic() + 90,
+        deadline=time.monotonic() + 60,
         threads=2,
         objective="span",
         incumbent=start.devices,
         on_bound=lambda value, reason: reasons.append((value, reason)),
     )
     alone = max(value for value, reason in reasons if reason == "device 0's span as an exact relaxation")
-    assert bound >= alone + 20
+    assert bound >= alone + 10
     assert any("with devices 0, 1, 2" in reason for _, reason in reasons)
     assert bound <= upper * (1 + TOLERANCE)
 
