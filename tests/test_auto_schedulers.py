@@ -260,22 +260,33 @@ def test_v_auto_cut_anywhere_by_its_deadline_still_fits(seconds):
     "placement,names,other",
     [
         ("linear", {"zb-auto", "gpipe", "1f1b", "zb-h1"}, "zb-h2"),
-        ("interleaved:2", {"gpipe", "interleaved-1f1b", "interleaved-zb"}, "greedy"),
+        ("interleaved:2", {"interleaved-auto", "gpipe", "interleaved-1f1b", "interleaved-zb"}, "greedy"),
         ("vshape", {"v-auto", "gpipe", "zb-v", "dualpipe-v"}, "v-half"),
     ],
 )
-def test_torch_built_in_families_are_built_after_the_other_families_time_is_spent(placement, names, other):
-    """Half of the limit gone (past the families' 40%, before the essential 90%): the
-    automatic schedulers and the families torch ships are still built and offered, the
-    others are not."""
+def test_torch_built_in_families_are_built_after_the_other_families_time_is_spent(placement, names, other, monkeypatch):
+    """The families' share of the time spent before they start (none at all), the
+    essential share not: the automatic schedulers and the families torch ships are still
+    built and offered, the others are not."""
     problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement=placement)
     assert other in {g.name for g in applicable(problem)}
+    monkeypatch.setattr(portfolio, "GENERATOR_SHARE", 0.0)
     tracker = Tracker("makespan", 10.0)
-    tracker.began -= 5.0
     found = {c.name for c in starting_points(problem, tracker)}
     assert names <= found
     assert other not in found
     assert tracker.best_value <= min(generate(problem, name).makespan for name in names) + SAME
+
+
+@pytest.mark.parametrize("placement,other", [("linear", "zb-h2"), ("interleaved:2", "greedy"), ("vshape", "v-half")])
+def test_the_families_share_counts_from_when_the_starting_points_begin(placement, other):
+    """Half of the limit gone before them (a lower bound that ran first): the families
+    still get their share of what is left (at p = 8, m = 24 on interleaved:3 at 1 s, a
+    0.4 s bound first left greedy unstarted, and `auto` returned 493 ms against its 414)."""
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement=placement)
+    tracker = Tracker("makespan", 10.0)
+    tracker.began -= 5.0
+    assert other in {c.name for c in starting_points(problem, tracker)}
 
 
 def test_bound_waits_when_it_and_the_automatic_schedulers_would_take_most_of_the_limit():
@@ -286,9 +297,11 @@ def test_bound_waits_when_it_and_the_automatic_schedulers_would_take_most_of_the
     assert bound_first(large, SolveOptions(time_limit=20.0))
     medium = uniform_problem(16, 64, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=6.0)
     assert bound_first(medium, SolveOptions(time_limit=5.0))
-    # No automatic scheduler applies on the interleaved placement: nothing to wait for.
+    # interleaved-auto is the interleaved placement's automatic scheduler: the bound waits
+    # for it there too.
     looped = uniform_problem(32, 256, 1.0, 1.0, 0.5, placement="interleaved:2", mem_forward=0.5, memory_limit=16.0)
-    assert bound_first(looped, SolveOptions(time_limit=5.0))
+    assert not bound_first(looped, SolveOptions(time_limit=5.0))
+    assert bound_first(looped, SolveOptions(time_limit=20.0))
 
 
 def test_families_over_the_limit_are_not_timed_once_a_schedule_fits():

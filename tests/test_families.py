@@ -343,7 +343,7 @@ def test_interleaved_auto_fits_below_the_walks_memory_and_beats_the_list_schedul
     [
         # A fused backward shorter than B then W.
         uniform_problem(4, 12, 1.0, 1.0, 0.6, placement="interleaved:2", mem_forward=0.5, backward=1.2),
-        # B allocates, at m = p (interleaved 1F1B then runs everything as warm-up).
+        # B allocates, at m = p.
         uniform_problem(4, 4, 1.0, 1.0, 0.6, placement="interleaved:2", mem_forward=0.5, mem_backward_input=0.5, memory_limit=4.0),
     ],
     ids=["fused-shorter", "b-allocates-m-equals-p"],

@@ -4,6 +4,7 @@ infeasibility, and at least as good as ZB-H1 with ZB-H1's memory on uneven stage
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +13,9 @@ from hypothesis import strategies as st
 from optimizer.errors import InfeasibleError
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedules import generate
+from optimizer.schedules.greedy import GENERATOR, greedy, policy_grid
+from optimizer.schedules.listengine import best_of
+from optimizer.schedules.registry import Orders
 from optimizer.validate import validate
 
 
@@ -189,3 +193,21 @@ def test_large_problem_beats_1f1b():
     problem = uneven(32, 256, 0, 0.05)
     schedule = greedy_schedule(with_limit(problem, 32.0))
     assert schedule.makespan <= generate(problem, "1f1b").makespan
+
+
+# -- Within a deadline (the solver's time for known schedules) ----------------------------
+
+
+def test_greedy_past_its_deadline_keeps_the_policies_it_ran():
+    # The solver gives the families a share of its time limit; a greedy that had not
+    # finished its grid then gave nothing (p = 8, m = 24 on interleaved:3 at 2 s: `auto`
+    # returned 494.4 where greedy's first policy alone gives about 414).
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="interleaved:2", mem_forward=0.5, memory_limit=3.0)
+    grid = policy_grid(problem)
+    assert len(grid) > 1
+    heard: list[Orders] = []
+    past = greedy(problem, deadline=time.monotonic() - 1, keep=heard.append)
+    assert past == best_of(problem, grid[:1])[0]  # the first policy only, not the grid's best
+    assert heard == [past]
+    whole = GENERATOR.build_within(problem, time.monotonic() + 60)
+    assert whole == greedy(problem)

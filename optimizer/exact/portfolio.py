@@ -108,13 +108,15 @@ FLUID_WORKER_SECONDS = 2.0
 FLUID_START_SHARE = 0.75
 
 
-# Share of the time limit the known schedules may take at most (they are usually far
-# quicker; the cap protects the time limit from a family that runs long).
+# Share of the time left (when the starting points begin) the known schedules may take
+# at most (they are usually far quicker; the cap protects the time limit from a family
+# that runs long).
 GENERATOR_SHARE = 0.4
-# The automatic schedulers users compare `auto` with may run longer: `auto` must never
-# return worse than they do, even at a short limit (v-auto takes 2-4 s at p = 32, m = 96
-# on the V placement on 2 loaded cores, more than 40% of a 5 s limit).
-AUTOMATIC_SCHEDULERS = ("zb-auto", "v-auto")
+# The automatic schedulers, one per placement, may run longer: `auto` must never return
+# worse than they do, even at a short limit (v-auto takes 2-4 s at p = 32, m = 96 on the
+# V placement on 2 loaded cores, more than 40% of a 5 s limit; interleaved-auto 1-3 s at
+# p = 32, m = 256 on interleaved:2).
+AUTOMATIC_SCHEDULERS = ("zb-auto", "v-auto", "interleaved-auto")
 # Nor worse than the schedules torch.distributed.pipelining ships (torchtitan's choices),
 # here under our names (runtime/torch_orders.py checks each against torch's own order):
 # what most users run today. They are walks over the ops, built in 0.01-0.06 s and timed
@@ -162,14 +164,20 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     them, cannot run, and the least-memory order (optimizer.exact.least_memory) is that
     schedule.
     """
-    found = _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS)
-    found += _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS)
+    # The shares count from here, of the time left: a lower bound that ran first (up to
+    # BOUND_FIRST_SHARE of the limit) would otherwise leave the families nothing (p = 8,
+    # m = 24 on interleaved:3 at 1 s: greedy, 414 ms, was not started and `auto` gave 493).
+    began, left = time.monotonic(), tracker.left()
+    families_until = began + GENERATOR_SHARE * left
+    essential_until = began + AUTOMATIC_SHARE * left
+    found = _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS, families_until, essential_until)
+    found += _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until)
     # The list-scheduler policies order token slices where the engine can (listengine), and
     # split every backward, which needs problem.split_memory_limit().
     grid = policies() if sliced_support(problem) is None and split_backwards_fit(problem) else []
-    found += _list_policies(problem, tracker, grid[:1], AUTOMATIC_SHARE)
-    found += _generators(problem, tracker, lambda name: name not in ESSENTIAL)
-    found += _list_policies(problem, tracker, grid[1:], GENERATOR_SHARE)
+    found += _list_policies(problem, tracker, grid[:1], essential_until)
+    found += _generators(problem, tracker, lambda name: name not in ESSENTIAL, families_until, essential_until)
+    found += _list_policies(problem, tracker, grid[1:], families_until)
     if tracker.best is None:
         c = least_memory_candidate(problem)
         found.append(c)
@@ -177,12 +185,12 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     return found
 
 
-def _generators(problem: Problem, tracker: Tracker, which: Callable[[str], bool]) -> list[Candidate]:
+def _generators(problem: Problem, tracker: Tracker, which: Callable[[str], bool], until: float, essential_until: float) -> list[Candidate]:
     found, _ = generator_candidates(
         problem,
-        deadline=tracker.began + GENERATOR_SHARE * tracker.time_limit,
+        deadline=until,
         essential=ESSENTIAL,
-        essential_deadline=tracker.began + AUTOMATIC_SHARE * tracker.time_limit,
+        essential_deadline=essential_until,
         which=which,
         # Once a schedule fits, one over the limit is of no use: not timing it saves
         # 0.2-0.3 s a family at p = 32, m = 256 (the bound's time at a 5 s limit).
@@ -193,12 +201,12 @@ def _generators(problem: Problem, tracker: Tracker, which: Callable[[str], bool]
     return found
 
 
-def _list_policies(problem: Problem, tracker: Tracker, grid: list[Policy], share: float) -> list[Candidate]:
+def _list_policies(problem: Problem, tracker: Tracker, grid: list[Policy], until: float) -> list[Candidate]:
     found = []
     for policy in grid:
-        # Once a fitting schedule is known and the share of the time is spent, a list
+        # Once a fitting schedule is known and the time for these is spent, a list
         # schedule (as slow as a simulation) would overrun a short limit.
-        too_late = tracker.left() < LIST_SECONDS_PER_OP * problem.num_ops or tracker.elapsed() >= share * tracker.time_limit
+        too_late = tracker.left() < LIST_SECONDS_PER_OP * problem.num_ops or time.monotonic() >= until
         if tracker.best is not None and too_late:
             break
         c = candidate(problem, str(policy), list_schedule(problem, policy, tracker.deadline))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from optimizer.problem import Problem
 from optimizer.schedules.listengine import Policy, best_of, sliced_support
-from optimizer.schedules.registry import Generator, Orders
+from optimizer.schedules.registry import Generator, Keep, Orders
 
 # A covering subset of the full product of priority x fill_w x hold_forward x throttle
 # (4 x 4 x 2 x 2): on 120 random problems (linear, V, interleaved, custom; no, tight and
@@ -58,8 +58,10 @@ def policy_grid(problem: Problem) -> tuple[Policy, ...]:
     return grid[: max(len(MULTI_STAGE_GRID), len(grid) * _FULL_GRID_OPS // ops)]
 
 
-def greedy(problem: Problem) -> Orders:
-    return best_of(problem, policy_grid(problem))[0]
+def greedy(problem: Problem, deadline: float | None = None, keep: Keep | None = None) -> Orders:
+    """The grid's best; with a `deadline` the policies not started by then are left out
+    (`keep` hears each shorter result: the solver keeps it when it cannot wait)."""
+    return best_of(problem, policy_grid(problem), deadline, keep)[0]
 
 
 GENERATOR = Generator(
@@ -68,4 +70,5 @@ GENERATOR = Generator(
     greedy,
     sliced_support,
     slices=True,
+    build_by=greedy,
 )

@@ -6,7 +6,8 @@ microbatches": rounds of g microbatches go through chunk 0, then chunk 1, ..., s
 device's k-th forward is chunk (k mod gV) // g and its k-th backward the mirror chunk
 V-1-that. Warm-up is (p-r-1)*2 + (V-1)*g forwards, then one forward and one fused
 backward, then the remaining backwards, exactly as Megatron's
-`forward_backward_pipelining_with_interleaving` when m is a multiple of p (g = p).
+`forward_backward_pipelining_with_interleaving` when m is a multiple of p (g = p) other
+than p itself (there Megatron runs every forward as warm-up; torch, and this family, do not).
 Other microbatch counts go in max(1, m // p) rounds of g = m // rounds microbatches, as
 torch's ScheduleInterleaved1F1B takes them (Megatron refuses them); m must then be a
 multiple of the round count.
@@ -72,9 +73,11 @@ def family_walk(problem: Problem, *, split: bool) -> Walk:
     if split:
         warmup = [min(p - r - 1 + (v - 1) * group, total) for r in range(p)]
     else:
-        # Megatron runs everything as warm-up when m == p: the steady state would
-        # otherwise wait for a backward that needs forwards not yet issued.
-        warmup = [total if m == p else min((p - r - 1) * 2 + (v - 1) * group, total) for r in range(p)]
+        # At m == p Megatron runs everything as warm-up (its blocking sends would otherwise
+        # wait on each other). torch keeps this warm-up, which holds fewer activations and,
+        # with asynchronous sends, can be shorter (up to 6.7% with uneven stages), so the
+        # family takes torch's.
+        warmup = [min((p - r - 1) * 2 + (v - 1) * group, total) for r in range(p)]
     return Walk(group, tuple(warmup), tuple(range(p)) if split else None)
 
 

@@ -46,13 +46,14 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from optimizer.errors import InfeasibleError
 from optimizer.ops import Op, op_duration, op_memory
 from optimizer.problem import Problem, one_microbatch_peaks
-from optimizer.schedules.registry import Orders
+from optimizer.schedules.registry import Keep, Orders
 from optimizer.schedules.units import backward_unit, forward_unit
 
 # Limits and memory deltas are floats that may be sums of profiled values.
@@ -572,15 +573,24 @@ def schedule_with(problem: Problem, policy: Policy) -> tuple[Orders, float]:
     return orders, scheduler.makespan
 
 
-def best_of(problem: Problem, policies: tuple[Policy, ...] | list[Policy]) -> tuple[Orders, Policy]:
+def best_of(
+    problem: Problem,
+    policies: tuple[Policy, ...] | list[Policy],
+    deadline: float | None = None,
+    keep: Keep | None = None,
+) -> tuple[Orders, Policy]:
     """The shortest orders (by the engine's own timing) over `policies`, and the policy that made them.
 
-    A run that cannot beat the best so far by a relative 1e-12 stops early."""
+    A run that cannot beat the best so far by a relative 1e-12 stops early. With a
+    `deadline` (time.monotonic()) no policy starts after it once one has given orders;
+    `keep` hears each shorter result as it comes."""
     check_split_memory(problem)
     best_orders: Orders | None = None
     best_policy = policies[0]
     best = math.inf
     for policy in policies:
+        if best_orders is not None and deadline is not None and time.monotonic() >= deadline:
+            break
         scheduler = _ListScheduler(problem, policy, cutoff=best * (1 - 1e-12))
         try:
             orders = scheduler.run()
@@ -588,5 +598,7 @@ def best_of(problem: Problem, policies: tuple[Policy, ...] | list[Policy]) -> tu
             continue
         if scheduler.makespan < best:
             best, best_orders, best_policy = scheduler.makespan, orders, policy
+            if keep is not None:
+                keep(orders)
     assert best_orders is not None
     return best_orders, best_policy
