@@ -260,7 +260,7 @@ def test_v_auto_cut_anywhere_by_its_deadline_still_fits(seconds):
     "placement,names,other",
     [
         ("linear", {"zb-auto", "gpipe", "1f1b", "zb-h1"}, "zb-h2"),
-        ("interleaved:2", {"interleaved-auto", "gpipe", "interleaved-1f1b", "interleaved-zb"}, "greedy"),
+        ("interleaved:2", {"gpipe", "interleaved-1f1b", "interleaved-zb"}, "greedy"),
         ("vshape", {"v-auto", "gpipe", "zb-v", "dualpipe-v"}, "v-half"),
     ],
 )
@@ -297,8 +297,8 @@ def test_bound_waits_when_it_and_the_automatic_schedulers_would_take_most_of_the
     assert bound_first(large, SolveOptions(time_limit=20.0))
     medium = uniform_problem(16, 64, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=6.0)
     assert bound_first(medium, SolveOptions(time_limit=5.0))
-    # interleaved-auto is the interleaved placement's automatic scheduler: the bound waits
-    # for it there too.
+    # Nor when torch's built-ins would be pushed past their deadline: on interleaved:2 at
+    # 5 s a 1.6-2.9 s bound and its three built-ins (1.6-2.2 s) ended past 4.5 s.
     looped = uniform_problem(32, 256, 1.0, 1.0, 0.5, placement="interleaved:2", mem_forward=0.5, memory_limit=16.0)
     assert not bound_first(looped, SolveOptions(time_limit=5.0))
     assert bound_first(looped, SolveOptions(time_limit=20.0))
