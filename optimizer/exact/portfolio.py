@@ -175,7 +175,10 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     # The families' share counts from here, of the time left: a lower bound that ran first
     # (up to BOUND_FIRST_SHARE of the limit) would otherwise leave them nothing (p = 8,
     # m = 24 on interleaved:3 at 1 s: greedy, 414 ms, was not started and `auto` gave 493).
-    # The essential ones keep theirs of the whole limit, which bound_first leaves them.
+    # The essential ones keep theirs of the whole limit, which bound_first leaves them. (Of
+    # the limit less the time kept for the span's final timing, v-auto gave no schedule in
+    # time at p = 32, m = 256 at V-Min's and V-Half's memory at 5 s: 11559.5 and 9538.9 ms
+    # against 9338.6 and 7937.5, and its thread, left running, slowed the rest.)
     essential_until = tracker.began + AUTOMATIC_SHARE * tracker.time_limit
     families_until = min(essential_until, time.monotonic() + GENERATOR_SHARE * tracker.left())
     found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until)
@@ -200,9 +203,10 @@ def _generators(problem: Problem, tracker: Tracker, which: Callable[[str], bool]
         essential=ESSENTIAL,
         essential_deadline=essential_until,
         which=which,
-        # Once a schedule fits, one over the limit is of no use: not timing it saves
-        # 0.2-0.3 s a family at p = 32, m = 256 (the bound's time at a 5 s limit).
-        fitting_only=tracker.best is not None,
+        # `auto` never returns a schedule over the limit, so one is not timed: that saves
+        # 0.2-0.7 s a family at p = 32, m = 256 (torch's three built-ins on the V placement at
+        # V-Half's memory took 2.2 s before v-auto could start, at a 5 s limit).
+        fitting_only=True,
     )
     for c in found:
         tracker.offer(c.schedule, c.name)

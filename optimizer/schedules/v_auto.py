@@ -281,16 +281,29 @@ def v_auto(
     """The best V-shape order within the limit (see the module docstring); `bends=False`
     leaves the bent blocks out (what the constant-slope family alone reaches),
     `denser=False` the squeezes up to the limit, and `reorder=False` the reordered blocks.
-    With a `deadline` (time.monotonic()) no further candidate is built once it has passed
-    and one fits: the candidates come cheapest and strongest first (ZB-V, the chosen blocks,
+    With a `deadline` (time.monotonic()) no further candidate is built once one fits and
+    the longest step so far would end past it, and none is timed once it has passed: the
+    candidates come cheapest and strongest first (ZB-V, the chosen blocks,
     V-Min's and V-Half's), so a solver's time limit holds at the largest sizes (p = 32,
     m = 256: 1.9-2.7 s in all). `keep` hears each shorter order that fits as it is found."""
     p, m = problem.num_devices, problem.num_microbatches
     tables = problem.tables()
     best: tuple[float, Orders] | None = None
 
-    def due() -> bool:
+    def passed() -> bool:
         return deadline is not None and best is not None and time.monotonic() >= deadline
+
+    # The longest time between two of due()'s checks so far: a candidate is not started
+    # when one more such step would end past the deadline (at p = 32, m = 256 a reordered
+    # block takes 0.5-1 s, and one started just before the deadline kept the build 0.8 s
+    # past it, on a core the solver needed for its final timing).
+    step = {"at": time.monotonic(), "longest": 0.0}
+
+    def due() -> bool:
+        now = time.monotonic()
+        step["longest"] = max(step["longest"], now - step["at"])
+        step["at"] = now
+        return deadline is not None and best is not None and now + step["longest"] >= deadline
 
     def peaks(orders: Orders) -> list[float]:
         return [peak_memory(tables, ops) for ops in orders]
@@ -300,7 +313,7 @@ def v_auto(
         Memory depends on the order alone, so what does not fit is not timed; nothing is
         once the deadline has passed."""
         nonlocal best
-        if due() or not fits_limits(peaks(orders), tables.limit):
+        if passed() or not fits_limits(peaks(orders), tables.limit):
             return True
         try:
             timed = simulate_times(problem, orders)
@@ -390,6 +403,9 @@ def more_reordered_blocks(problem: Problem, deadline: float) -> Iterator[tuple[s
     tables = problem.tables()
     limit_cap = _limit_cap(problem)
     if limit_cap is None or fits_limits([peak_memory(tables, ops) for ops in zb_v(problem)], tables.limit):
+        return
+    # Ranking the family (1.4 s at p = 32, once per process) is not started for nothing.
+    if time.monotonic() + _BLOCK_SECONDS_PER_OP * problem.num_ops > deadline:
         return
     fitting = _fitting_family(problem, limit_cap)
     for rank in range(_PAPER_BLOCKS_REORDERED_LARGE, min(_PAPER_BLOCKS_REORDERED, len(fitting))):
