@@ -26,7 +26,7 @@ from optimizer.exact.devicebound import DeviceRelaxation, anchored_sets, device_
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.portfolio import bound_first, problem_bound
 from optimizer.exact.slicebounds import busy_bound
-from optimizer.exact.spantiming import affordable, final_timing_seconds, span_times, timed_for
+from optimizer.exact.spantiming import SECONDS_PER_STEP, affordable, final_timing_seconds, span_times, timed_for
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.exact.tracker import Tracker
@@ -149,8 +149,10 @@ def test_a_solve_keeps_time_for_timing_the_final_order_only_where_candidates_are
     assert affordable(small) and not affordable(large)
     assert final_timing_seconds(small, "span") == 0.0
     assert final_timing_seconds(large, "makespan") == 0.0  # as soon as possible: no retiming
-    # 49k ops x 32 devices at 8e-7 s a step: about 1.3 s, kept out of the phases' time.
-    assert final_timing_seconds(large, "span") == pytest.approx(8e-7 * 3 * 64 * 256 * 32)
+    # 49k ops x 32 devices at SECONDS_PER_STEP (1.2e-6 s) a step: about 1.9 s, kept out of
+    # the phases' time.
+    assert final_timing_seconds(large, "span") == pytest.approx(SECONDS_PER_STEP * 3 * 64 * 256 * 32)
+    assert 1.5 <= final_timing_seconds(large, "span") <= 2.5  # measured 1.2-1.8 s there
     tracker = Tracker("span", 5.0, finish_reserve=1.25)
     assert tracker.deadline == pytest.approx(tracker.began + 3.75)
 
