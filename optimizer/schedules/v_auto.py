@@ -297,13 +297,13 @@ def v_auto(
     # when one more such step would end past the deadline (at p = 32, m = 256 a reordered
     # block takes 0.5-1 s, and one started just before the deadline kept the build 0.8 s
     # past it, on a core the solver needed for its final timing).
-    step = {"at": time.monotonic(), "longest": 0.0}
+    last_check, longest_step = time.monotonic(), 0.0
 
     def due() -> bool:
+        nonlocal last_check, longest_step
         now = time.monotonic()
-        step["longest"] = max(step["longest"], now - step["at"])
-        step["at"] = now
-        return deadline is not None and best is not None and now + step["longest"] >= deadline
+        longest_step, last_check = max(longest_step, now - last_check), now
+        return deadline is not None and best is not None and now + longest_step >= deadline
 
     def peaks(orders: Orders) -> list[float]:
         return [peak_memory(tables, ops) for ops in orders]
@@ -404,12 +404,15 @@ def more_reordered_blocks(problem: Problem, deadline: float) -> Iterator[tuple[s
     limit_cap = _limit_cap(problem)
     if limit_cap is None or fits_limits([peak_memory(tables, ops) for ops in zb_v(problem)], tables.limit):
         return
-    # Ranking the family (1.4 s at p = 32, once per process) is not started for nothing.
-    if time.monotonic() + _BLOCK_SECONDS_PER_OP * problem.num_ops > deadline:
+
+    def block_ends_in_time() -> bool:
+        return time.monotonic() + _BLOCK_SECONDS_PER_OP * problem.num_ops <= deadline
+
+    if not block_ends_in_time():  # ranking the family (1.4 s at p = 32) would be for nothing
         return
     fitting = _fitting_family(problem, limit_cap)
     for rank in range(_PAPER_BLOCKS_REORDERED_LARGE, min(_PAPER_BLOCKS_REORDERED, len(fitting))):
-        if time.monotonic() + _BLOCK_SECONDS_PER_OP * problem.num_ops > deadline:
+        if not block_ends_in_time():
             return
         for orders in reordered_block_orders([list(r) for r in fitting[rank]], problem.num_microbatches):
             if fits_limits([peak_memory(tables, ops) for ops in orders], tables.limit):
