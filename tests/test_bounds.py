@@ -159,7 +159,9 @@ def test_device_subset_bound_is_stronger_under_a_tight_limit_yet_below_the_prove
 
 @pytest.mark.slow
 def test_auto_reports_the_relaxation_bound():
-    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=2.0)
+    # 240 ops: above QUICK_MODEL_OPS, where the whole model's first try would prove the
+    # optimum before the relaxations start.
+    problem = uniform_problem(4, 20, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=2.0)
     reasons = []
     schedule = solve(problem, "auto", SolveOptions(time_limit=4, threads=1), on_progress=lambda p: reasons.append(p.phase))
     assert any("exact relaxation" in r for r in reasons)

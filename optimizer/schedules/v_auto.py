@@ -54,7 +54,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import product
+from itertools import chain, product
 
 from optimizer.errors import DeadlockError, InfeasibleError
 from optimizer.problem import Problem
@@ -233,15 +233,15 @@ def _fits(problem: Problem, peaks: tuple[float, ...] | list[float]) -> bool:
     return all(peak <= limit + _REL_TOLERANCE * max(1.0, limit) for peak, limit in zip(peaks, limits))
 
 
-def _reordered(
+def _reordered_chosen(
     problem: Problem,
     chosen: list[tuple[tuple[int, ...], ...]],
     v_min: tuple[tuple[int, ...], ...],
     small: bool,
     due: Callable[[], bool],
 ) -> Iterator[Orders]:
-    """Blocks with their warm-up and cool-down reordered (optimizer.schedules.block_reorder),
-    each with and without idle filling.
+    """The chosen blocks and V-Min's with their warm-up and cool-down reordered
+    (optimizer.schedules.block_reorder), each with and without idle filling.
 
     They pay between the blocks' levels (p16 m48 at 8: 2010.6 -> 1957.0 ms), and built up to
     the limit where it is above a block's own peak (at 14: 1678.1 -> 1635.5; that cap can
@@ -249,25 +249,30 @@ def _reordered(
     blocks: the chosen ones and V-Min's (V-Half's never won reordered: at its level the
     chosen blocks reordered without idle filling do, p16 m48 at 9: 1773.1 -> 1767.3); above
     10,000 ops the best-ranked one alone (a reordering and its two timings take about 0.4 s
-    at p = 32, m = 256, and v-auto must stay inside a 5 s solve). Then the paper's own family
-    (optimizer.schedules.block_family), whose shifts meet other memory levels: the blocks
-    whose steady peak fits the limit, highest first (p16 m48 at 10, 13, 14: 1748.8 ->
-    1736.9, 1655.1 -> 1644.4, 1635.5 -> 1613.7 ms; p32 m96 at 14, 16, 28: 3851.4 -> 3767.4,
-    3631.2, 2987.7), fewer above 10,000 ops. No block is built once `due()`.
+    at p = 32, m = 256, and v-auto must stay inside a 5 s solve). No block is built once
+    `due()`.
     """
-    m = problem.num_microbatches
     limit_cap = _limit_cap(problem)
     caps = [0, limit_cap] if small and limit_cap is not None else [0]
-    blocks = [*chosen, v_min] if small else chosen[:1] or [v_min]
-    for offsets in blocks:
+    for offsets in [*chosen, v_min] if small else chosen[:1] or [v_min]:
         if due():
             return
-        yield from reordered_block_orders([list(r) for r in offsets], m, caps)
-    if limit_cap is not None and not due():
-        for offsets in _fitting_family(problem, limit_cap)[: _PAPER_BLOCKS_REORDERED if small else _PAPER_BLOCKS_REORDERED_LARGE]:
-            if due():
-                return
-            yield from reordered_block_orders([list(r) for r in offsets], m)
+        yield from reordered_block_orders([list(r) for r in offsets], problem.num_microbatches, caps)
+
+
+def _reordered_family(problem: Problem, small: bool, due: Callable[[], bool]) -> Iterator[Orders]:
+    """The paper's own family blocks (optimizer.schedules.block_family) reordered, whose
+    shifts meet other memory levels: the blocks whose steady peak fits the limit, highest
+    first (p16 m48 at 10, 13, 14: 1748.8 -> 1736.9, 1655.1 -> 1644.4, 1635.5 -> 1613.7 ms;
+    p32 m96 at 14, 16, 28: 3851.4 -> 3767.4, 3631.2, 2987.7), fewer above 10,000 ops. No
+    block is built once `due()`."""
+    limit_cap = _limit_cap(problem)
+    if limit_cap is None or due():
+        return
+    for offsets in _fitting_family(problem, limit_cap)[: _PAPER_BLOCKS_REORDERED if small else _PAPER_BLOCKS_REORDERED_LARGE]:
+        if due():
+            return
+        yield from reordered_block_orders([list(r) for r in offsets], problem.num_microbatches)
 
 
 def v_auto(
@@ -345,13 +350,37 @@ def v_auto(
                 continue
             fitting = [b for b in candidate_blocks(problem, bent) if _fits(problem, b.peak)]
             chosen += [b for b in sorted(fitting, key=lambda b: -max(b.peak)) if b.offsets not in known][:budget]
-    for offsets in [b.offsets for b in chosen] + known:
-        if due():
-            break
-        consider(building_block_orders([list(r) for r in offsets], m))
-    if reorder and not zb_v_fits:
-        for orders in _reordered(problem, [b.offsets for b in chosen], known[0], small, due):
-            consider(orders)
+
+    def squeeze(blocks: list[tuple[tuple[int, ...], ...]]) -> None:
+        for offsets in blocks:
+            if due():
+                return
+            consider(building_block_orders([list(r) for r in offsets], m))
+
+    squeezed = [b.offsets for b in chosen] + known
+    reordering = reorder and not zb_v_fits
+    if small:
+        squeeze(squeezed)
+        if reordering:
+            for orders in chain(
+                _reordered_chosen(problem, [b.offsets for b in chosen], known[0], small, due), _reordered_family(problem, small, due)
+            ):
+                consider(orders)
+    else:
+        # Above 10,000 ops v-auto may not get to every candidate in a short solve (2-3 s of a
+        # 5 s limit at p = 32, m = 256): the best-ranked block reordered comes right after the
+        # block itself, ahead of V-Half's, V-Min's and the other chosen ones. It was the
+        # shortest at V-Min's and V-Half's levels at p32 m256 (9320.1 and 7845.5 ms against
+        # V-Half's 7858.0 and the first block's 9338.6) and p16 m128 at V-Half's (4228.2
+        # against 4233.7), and came after them, past a 5 s solve's deadline.
+        squeeze(squeezed[:1])
+        if reordering:
+            for orders in _reordered_chosen(problem, [b.offsets for b in chosen], known[0], small, due):
+                consider(orders)
+        squeeze([known[1], known[0], *squeezed[1 : len(chosen)]] if chosen else known[1:])
+        if reordering:
+            for orders in _reordered_family(problem, small, due):
+                consider(orders)
     # Memory above a block's own peak: squeezed up to the limit instead, its warm-up and
     # cool-down run denser (p16 m48 at limit 15: 1737.0 -> 1644.6 ms). The constant-slope
     # blocks and V-Half's gain there (the bent ones did not on the paper's settings); a
