@@ -357,6 +357,30 @@ def v_auto(
                 return
             consider(building_block_orders([list(r) for r in offsets], m))
 
+    # The ZB-V-style rounds fill the V only where ZB-V's memory fits (there they are
+    # 0.05-0.4% shorter than ZB-V); below it they are far behind the blocks, and they
+    # are built there only where they cost nothing (0.03 s at p = 8, 1.2 s at p = 32).
+    def rounds() -> None:
+        if (zb_v_fits or small) and not due():
+            with contextlib.suppress(InfeasibleError):  # its rounds stuck: the other candidates stand
+                consider(v_greedy(problem))
+
+    # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
+    # the fallback that fits whenever any split-backward schedule can; at tighter limits the blocks
+    # beat it by far, so it does not run there.
+    limits = tables.limit
+    above_zb_v = zb_v_runs and any(limit > peak * (1 + _REL_TOLERANCE) for limit, peak in zip(limits, zb_v_peaks))
+
+    def listed() -> None:
+        if best is None or (above_zb_v and not due()):
+            try:
+                # Its policies end before the deadline by one step (a policy takes 0.6 s at
+                # p = 32, m = 256), so that its orders are still timed.
+                consider(greedy(problem, None if deadline is None else deadline - longest_step))
+            except InfeasibleError:
+                if best is None:
+                    raise
+
     squeezed = [b.offsets for b in chosen] + known
     reordering = reorder and not zb_v_fits
     if small:
@@ -366,6 +390,15 @@ def v_auto(
                 _reordered_chosen(problem, [b.offsets for b in chosen], known[0], small, due), _reordered_family(problem, small, due)
             ):
                 consider(orders)
+    elif zb_v_fits:
+        # Above 10,000 ops where ZB-V fits, the list scheduler (above ZB-V's memory) and the
+        # rounds come before V-Min's and V-Half's blocks, which do not come near ZB-V there:
+        # at p = 32, m = 256 a 5 s solve left v-auto time for the blocks only (7423.1 ms,
+        # ZB-V's, where the rounds give 7420.2 at limit p and the list scheduler 0.07% bubble
+        # at 2p).
+        listed()
+        rounds()
+        squeeze(known)
     else:
         # Above 10,000 ops v-auto may not get to every candidate in a short solve (2-3 s of a
         # 5 s limit at p = 32, m = 256): the best-ranked block reordered comes right after the
@@ -393,23 +426,9 @@ def v_auto(
                 for caps, deltas in squeezes:
                     if not due():
                         consider(building_block_orders([list(r) for r in block.offsets], m, caps, deltas))
-    # The ZB-V-style rounds fill the V only where ZB-V's memory fits (there they are
-    # 0.05-0.4% shorter than ZB-V); below it they are far behind the blocks, and they
-    # are built there only where they cost nothing (0.03 s at p = 8, 1.2 s at p = 32).
-    if (zb_v_fits or small) and not due():
-        with contextlib.suppress(InfeasibleError):  # its rounds stuck: the other candidates stand
-            consider(v_greedy(problem))
-    # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
-    # the fallback that fits whenever any split-backward schedule can; at tighter limits the blocks
-    # beat it by far, so it does not run there.
-    limits = problem.tables().limit
-    above_zb_v = zb_v_runs and any(limit > peak * (1 + _REL_TOLERANCE) for limit, peak in zip(limits, zb_v_peaks))
-    if best is None or (above_zb_v and not due()):
-        try:
-            consider(greedy(problem))
-        except InfeasibleError:
-            if best is None:
-                raise
+    if small or not zb_v_fits:
+        rounds()
+        listed()
     if best is None:
         raise InfeasibleError("v-auto: no V-shape schedule fits the memory limit")
     return best[1]
