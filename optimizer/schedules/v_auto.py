@@ -288,9 +288,10 @@ def v_auto(
     `denser=False` the squeezes up to the limit, and `reorder=False` the reordered blocks.
     With a `deadline` (time.monotonic()) no further candidate is built once one fits and
     the longest step so far would end past it, and none is timed once it has passed: the
-    candidates come cheapest and strongest first (ZB-V, the chosen blocks,
-    V-Min's and V-Half's), so a solver's time limit holds at the largest sizes (p = 32,
-    m = 256: 1.9-2.7 s in all). `keep` hears each shorter order that fits as it is found."""
+    candidates come cheapest and strongest first (ZB-V, the chosen blocks, V-Min's and
+    V-Half's; above 10,000 ops the first block reordered right after it, and where ZB-V
+    fits the list scheduler and the rounds before the blocks), so a solver's time limit
+    holds at the largest sizes. `keep` hears each shorter order that fits as it is found."""
     p, m = problem.num_devices, problem.num_microbatches
     tables = problem.tables()
     best: tuple[float, Orders] | None = None
