@@ -369,8 +369,7 @@ def v_auto(
     # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
     # the fallback that fits whenever any split-backward schedule can; at tighter limits the blocks
     # beat it by far, so it does not run there.
-    limits = tables.limit
-    above_zb_v = zb_v_runs and any(limit > peak * (1 + _REL_TOLERANCE) for limit, peak in zip(limits, zb_v_peaks))
+    above_zb_v = zb_v_runs and any(limit > peak * (1 + _REL_TOLERANCE) for limit, peak in zip(tables.limit, zb_v_peaks))
 
     def listed() -> None:
         if best is None or (above_zb_v and not due()):
@@ -382,14 +381,12 @@ def v_auto(
                 if best is None:
                     raise
 
-    squeezed = [b.offsets for b in chosen] + known
+    chosen_offsets = [b.offsets for b in chosen]
     reordering = reorder and not zb_v_fits
     if small:
-        squeeze(squeezed)
+        squeeze(chosen_offsets + known)
         if reordering:
-            for orders in chain(
-                _reordered_chosen(problem, [b.offsets for b in chosen], known[0], small, due), _reordered_family(problem, small, due)
-            ):
+            for orders in chain(_reordered_chosen(problem, chosen_offsets, known[0], small, due), _reordered_family(problem, small, due)):
                 consider(orders)
     elif zb_v_fits:
         # Above 10,000 ops where ZB-V fits, the list scheduler (above ZB-V's memory) and the
@@ -407,11 +404,12 @@ def v_auto(
         # shortest at V-Min's and V-Half's levels at p32 m256 (9320.1 and 7845.5 ms against
         # V-Half's 7858.0 and the first block's 9338.6) and p16 m128 at V-Half's (4228.2
         # against 4233.7), and came after them, past a 5 s solve's deadline.
-        squeeze(squeezed[:1])
+        lead = chosen_offsets[:1] or known[:1]  # V-Min's where no block was chosen
+        squeeze(lead)
         if reordering:
-            for orders in _reordered_chosen(problem, [b.offsets for b in chosen], known[0], small, due):
+            for orders in _reordered_chosen(problem, chosen_offsets, known[0], small, due):
                 consider(orders)
-        squeeze([known[1], known[0], *squeezed[1 : len(chosen)]] if chosen else known[1:])
+        squeeze([b for b in [known[1], known[0], *chosen_offsets[1:]] if b not in lead])
         if reordering:
             for orders in _reordered_family(problem, small, due):
                 consider(orders)
@@ -419,7 +417,7 @@ def v_auto(
     # cool-down run denser (p16 m48 at limit 15: 1737.0 -> 1644.6 ms). The constant-slope
     # blocks and V-Half's gain there (the bent ones did not on the paper's settings); a
     # block without room for one more activation on some device would squeeze as before.
-    if denser and small and not zb_v_fits and all(math.isfinite(x) for x in problem.tables().limit):
+    if denser and small and not zb_v_fits and all(math.isfinite(x) for x in tables.limit):
         v_half = Block(known[1], tuple(slot_model_peak(problem, v_half_offsets(p), _peak_microbatches(p, m))))
         squeezes = _denser_squeezes(problem)
         for block in [b for b in chosen if not b.bent] + [v_half]:
