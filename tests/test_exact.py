@@ -439,7 +439,7 @@ SLICED_OFF_GRID = {
 def test_off_grid_memory_is_not_called_exact_and_whole_models_bound_no_valid_schedule():
     problem = Problem.model_validate(SLICED_OFF_GRID)
     assert not integer_tables(problem).exact_memory  # 1.22 / 3 is on no grid of 10 decimals
-    results = {method: solve(problem, method, SolveOptions(time_limit=3, seed=0, threads=2)) for method in ("cpsat", "milp", "auto")}
+    results = {method: solve(problem, method, SolveOptions(time_limit=2, seed=0, threads=2)) for method in ("cpsat", "milp", "auto")}
     shortest = min(s.makespan for s in results.values())
     for method, schedule in results.items():
         assert validate(problem, schedule.devices) == [], method
