@@ -334,6 +334,21 @@ def test_the_solver_reorders_more_of_the_papers_blocks_than_v_auto_on_large_prob
     assert list(v_auto_module.more_reordered_blocks(problem, time.monotonic())) == []
 
 
+def test_where_zb_v_fits_a_large_problem_the_rounds_come_before_the_list_scheduler(monkeypatch):
+    # The rounds were the shorter and the cheaper of the two on every large setting of the
+    # paper where ZB-V fits (p32 m256 at 2p: 7262.0 ms in 0.5 s against 7370.3 in 0.8 s):
+    # a solve whose time runs out between them must have the rounds' schedule.
+    problem = published_problem(setting_named("1.5B-p8-m24"), 16.0, "vshape")  # 2p: ZB-V fits
+    monkeypatch.setattr(v_auto_module, "_MANY_OPS", 0)  # counted as large
+    built: list[str] = []
+    rounds, listed = v_auto_module.v_greedy, v_auto_module.greedy
+    monkeypatch.setattr(v_auto_module, "v_greedy", lambda problem: built.append("rounds") or rounds(problem))
+    monkeypatch.setattr(v_auto_module, "greedy", lambda problem, deadline=None: built.append("list") or listed(problem, deadline))
+    schedule = simulate(problem, v_auto(problem))
+    assert validate(problem, schedule.devices) == []
+    assert built == ["rounds", "list"]
+
+
 def test_an_automatic_scheduler_still_building_at_its_deadline_gives_its_best_so_far(monkeypatch):
     """The solver waits for an automatic scheduler until its deadline; a candidate it is
     still building then (v-auto's reordered blocks take about 1 s each at p = 32) must not
