@@ -342,8 +342,17 @@ def test_where_zb_v_fits_a_large_problem_the_rounds_come_before_the_list_schedul
     monkeypatch.setattr(v_auto_module, "_MANY_OPS", 0)  # counted as large
     built: list[str] = []
     rounds, listed = v_auto_module.v_greedy, v_auto_module.greedy
-    monkeypatch.setattr(v_auto_module, "v_greedy", lambda problem: built.append("rounds") or rounds(problem))
-    monkeypatch.setattr(v_auto_module, "greedy", lambda problem, deadline=None: built.append("list") or listed(problem, deadline))
+
+    def heard_rounds(problem):
+        built.append("rounds")
+        return rounds(problem)
+
+    def heard_list(problem, deadline=None):
+        built.append("list")
+        return listed(problem, deadline)
+
+    monkeypatch.setattr(v_auto_module, "v_greedy", heard_rounds)
+    monkeypatch.setattr(v_auto_module, "greedy", heard_list)
     schedule = simulate(problem, v_auto(problem))
     assert validate(problem, schedule.devices) == []
     assert built == ["rounds", "list"]
