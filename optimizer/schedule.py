@@ -26,6 +26,7 @@ __all__ = [
     "TimedOp",
     "compute_metrics",
     "fits_limits",
+    "longest_span",
     "memory_curve",
     "op_duration",
     "orders_fit",
@@ -52,6 +53,11 @@ def peak_memory(tables: Tables, ops: Sequence[Op] | Sequence[TimedOp]) -> float:
         usage += op_memory(tables, op.kind, op.stage, op.slice)
         peak = max(peak, usage)
     return peak
+
+
+def longest_span(devices: Sequence[Sequence[TimedOp]]) -> float:
+    """The longest single-device span (first start to last end), 0 when no device has an op."""
+    return max((ops[-1].end - ops[0].start for ops in devices if ops), default=0.0)
 
 
 def fits_limits(peaks: Sequence[float], limits: Sequence[float]) -> bool:

@@ -21,8 +21,9 @@ from collections.abc import Iterator
 
 from optimizer.errors import DeadlockError
 from optimizer.exact.spantiming import span_times
-from optimizer.ops import Kind, Op, TimedOp, completion_key, dependencies, fusing_can_win, op_memory
+from optimizer.ops import Kind, Op, completion_key, dependencies, fusing_can_win, op_memory
 from optimizer.problem import Problem
+from optimizer.schedule import longest_span
 from optimizer.simulate import simulate_times
 
 
@@ -136,12 +137,8 @@ def _optima(problem: Problem, with_span: bool) -> dict[str, float]:
         every = [op for ops in asap for op in ops]
         best["makespan"] = min(best["makespan"], max(op.end for op in every) - min(op.start for op in every))
         if with_span:
-            best["span"] = min(best["span"], _longest_span(span_times(problem, orders)))
+            best["span"] = min(best["span"], longest_span(span_times(problem, orders)))
     return best
-
-
-def _longest_span(devices: list[list[TimedOp]]) -> float:
-    return max((ops[-1].end - ops[0].start for ops in devices if ops), default=0.0)
 
 
 def count_orders(problem: Problem) -> int:

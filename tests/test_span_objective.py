@@ -32,6 +32,7 @@ from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.exact.tracker import Tracker
 from optimizer.formats.schedule_json import load_schedule
 from optimizer.problem import Problem, load_problem, uniform_problem
+from optimizer.schedule import longest_span
 from optimizer.schedules import GENERATORS
 from optimizer.simulate import simulate
 from optimizer.validate import validate
@@ -45,10 +46,6 @@ OBJECTIVES = ("makespan", "span")
 # Float sums of a few hundred durations: 1e-9 relative is far above their rounding and
 # far below any real difference between schedules (durations are >= 0.1).
 TOLERANCE = 1e-9
-
-
-def longest_span(devices) -> float:
-    return max(ops[-1].end - ops[0].start for ops in devices if ops)
 
 
 def lp_least_span(problem, orders) -> float:

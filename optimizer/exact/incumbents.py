@@ -16,7 +16,7 @@ from typing import Any
 from optimizer.exact.canonical import canonical
 from optimizer.ops import Op
 from optimizer.problem import Problem
-from optimizer.schedule import Schedule, orders_fit
+from optimizer.schedule import Schedule, longest_span, orders_fit
 from optimizer.schedules import applicable
 from optimizer.simulate import simulate
 
@@ -134,5 +134,5 @@ def closest(candidates: Sequence[Candidate]) -> Candidate | None:
 def objective_value(schedule: Schedule, objective: str = "makespan") -> float:
     """The makespan, or the longest single-device span."""
     if objective == "span":
-        return max((ops[-1].end - ops[0].start for ops in schedule.devices if ops), default=0.0)
+        return longest_span(schedule.devices)
     return schedule.makespan

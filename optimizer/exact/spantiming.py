@@ -27,7 +27,7 @@ import numpy as np
 
 from optimizer.ops import Op, TimedOp, completion_key, dependencies, dependency_order, op_duration, transfer_delay
 from optimizer.problem import Problem
-from optimizer.schedule import Schedule
+from optimizer.schedule import Schedule, longest_span
 from optimizer.simulate import simulate, simulate_times
 
 # The optimal span is a cycle mean of float path lengths; relaxing the fixpoint at
@@ -99,11 +99,7 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
         s = float(start[j])
         timed[d].append(t._replace(start=s, end=s + float(duration[j])))
     # Rounding could in principle stop the relaxation short; ASAP times are never wrong.
-    return timed if _longest_span(timed) <= _longest_span(asap) else asap
-
-
-def _longest_span(devices: Sequence[Sequence[TimedOp]]) -> float:
-    return max((ops[-1].end - ops[0].start for ops in devices if ops), default=0.0)
+    return timed if longest_span(timed) <= longest_span(asap) else asap
 
 
 def _maximum_cycle_mean(weight: np.ndarray) -> float:

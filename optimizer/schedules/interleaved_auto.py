@@ -39,7 +39,7 @@ from collections.abc import Callable
 from optimizer.errors import DeadlockError
 from optimizer.ops import fusing_can_win, op_memory
 from optimizer.problem import Problem
-from optimizer.schedule import fits_limits, peak_memory
+from optimizer.schedule import fits_limits, longest_span, peak_memory
 from optimizer.schedules.interleaved import Walk, family_walk, looped_only, rounds, walk, walk_sequence
 from optimizer.schedules.registry import Generator, Keep, Orders
 from optimizer.simulate import simulate_times
@@ -133,7 +133,7 @@ def interleaved_auto(problem: Problem, deadline: float | None = None, keep: Keep
             continue
         if group not in fitting:
             fitting.append(group)
-        span = max(ops[-1].end - ops[0].start for ops in timed if ops)
+        span = longest_span(timed)
         if best is None or span < best[0] - 1e-9:
             best = (span, orders)
             if keep is not None:

@@ -58,7 +58,7 @@ from itertools import chain, product
 
 from optimizer.errors import DeadlockError, InfeasibleError
 from optimizer.problem import Problem
-from optimizer.schedule import fits_limits, peak_memory
+from optimizer.schedule import fits_limits, longest_span, peak_memory
 from optimizer.schedules.block_family import paper_blocks_by_peak
 from optimizer.schedules.block_reorder import reordered_block_orders
 from optimizer.schedules.building_block import building_block_orders, device_deltas
@@ -325,7 +325,7 @@ def v_auto(
             timed = simulate_times(problem, orders)
         except DeadlockError:
             return False
-        span = max(ops[-1].end - ops[0].start for ops in timed if ops)
+        span = longest_span(timed)
         if best is None or span < best[0]:
             best = (span, orders)
             if keep is not None:
