@@ -77,3 +77,34 @@ def test_no_pattern_at_full_rate_when_the_first_device_holds_too_few_round_trips
     tables = integer_tables(problem)
     status, offsets = period_status(problem, tables, busiest_work(problem), time_limit=20)
     assert (status, offsets) == ("none", None)
+
+
+def test_none_is_never_said_off_the_decimal_grid_where_a_pattern_fits_exactly():
+    # One device, one stage: F, B, W back to back in a period of their work hold exactly
+    # F's allocation at every forward, which the limit allows. Thirds are off the decimal
+    # grid, so memory is rounded: rounding the frees away from zero counts 1 unit more than
+    # the limit and "proves" that no pattern fits.
+    third = 1 / 3
+    problem = Problem.model_validate(
+        {
+            "num_devices": 1,
+            "num_microbatches": 4,
+            "comm_time": 0.0,
+            "stages": [
+                {
+                    "device": 0,
+                    "forward": 1.0,
+                    "backward_input": 1.0,
+                    "backward_weight": 1.0,
+                    "memory": {"forward": 1.0, "backward_input": -third, "backward_weight": -2 * third},
+                }
+            ],
+            "memory_limit": 1.0,
+        }
+    )
+    for relax_memory in (False, True):
+        tables = integer_tables(problem, relax_memory=relax_memory)
+        assert not tables.memory_is_exact
+        status, offsets = period_status(problem, tables, busiest_work(problem), time_limit=2)
+        assert status == "pattern" and offsets is not None
+        assert simulate(problem, unroll(problem, offsets, busiest_work(problem))).fits_memory()

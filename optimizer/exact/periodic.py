@@ -179,13 +179,17 @@ def period_status(
     Only patterns whose microbatch latency stays within the model's cap (four times a
     microbatch's work and transfers) are searched; a longer latency only holds memory
     longer. Memory uses the problem's integer sizes (optimizer.exact.timescale) and the limit
-    rounded up: exact on decimal inputs, otherwise rounded the relaxing way, so "none" is
-    always a proof and a pattern must still be checked on its unrolled order. The memory-free pattern of least
+    rounded up: exact on decimal inputs, otherwise each free rounded towards zero, so "none"
+    is always a proof and a pattern must still be checked on its unrolled order. The memory-free pattern of least
     latency and memory-time hints the search (CP-SAT then finds patterns or proofs in
     seconds where it found neither in minutes without).
     """
-    if not tables.memory_is_exact:  # frees rounded towards zero would make "none" no proof
-        tables = integer_tables(problem, relax_memory=True)
+    if not tables.memory_is_exact:
+        # The steady state counts what a device holds by the sizes of the pieces B and W
+        # free, so it relaxes only where those round towards zero: the conservative tables
+        # (the tables that relax a simulation round frees away from zero, which made "none"
+        # false on a device whose pattern fits exactly).
+        tables = integer_tables(problem)
     hint = solve_period(problem, tables, period, time_limit=min(3.0, time_limit / 4), seed=seed, threads=threads)
     model, offset, phase, lap = _period_model(problem, tables, period, exact_memory=True)
     if hint is not None:
