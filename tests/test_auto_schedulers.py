@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.published import SETTINGS, published_problem, setting_named
+from optimizer.errors import InfeasibleError
 from optimizer.exact import SolveOptions, incumbents, portfolio
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.portfolio import bound_first, starting_points
@@ -377,3 +378,40 @@ def test_an_automatic_scheduler_still_building_at_its_deadline_gives_its_best_so
     assert time.monotonic() - began < 2.0  # it did not wait for the build to end
     assert [c.name for c in found] == ["v-auto"] and not failed
     assert found[0].schedule.order() == first
+
+
+@pytest.mark.parametrize("v_auto_gives", [False, True])
+def test_when_no_essential_schedule_fits_the_low_memory_families_come_before_the_list_scheduler(v_auto_gives, monkeypatch):
+    """At a short limit on a large V problem under V-Min's memory v-auto may give nothing
+    in time and torch's built-ins do not fit: V-Min's family (0.65 s at p = 32, m = 256:
+    22.4% bubble) then comes before the list scheduler's fallback (1.4-2.2 s: 37.2%).
+    Where v-auto gave a schedule, neither runs (the families' share is spent here)."""
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", mem_forward=0.5, memory_limit=2.0)  # V-Min's
+    assert generate(problem, "v-min").fits_memory() and not generate(problem, "v-half").fits_memory()
+    real = GENERATORS["v-auto"]
+
+    def nothing(problem, deadline, keep):
+        raise InfeasibleError("v-auto: nothing in time")
+
+    if not v_auto_gives:
+        monkeypatch.setattr(
+            incumbents, "applicable", lambda problem: [dataclasses.replace(g, build_by=nothing) if g is real else g for g in applicable(problem)]
+        )
+    monkeypatch.setattr(portfolio, "GENERATOR_SHARE", 0.0)
+    tracker = Tracker("makespan", 10.0)
+    offered: list[str] = []
+    offer = tracker.offer
+
+    def heard(schedule, name):
+        offered.append(name)
+        return offer(schedule, name)
+
+    monkeypatch.setattr(tracker, "offer", heard)
+    starting_points(problem, tracker)
+    lists = [i for i, name in enumerate(offered) if name.startswith("list(")]
+    if v_auto_gives:
+        assert offered[0] == "v-auto" and "v-min" not in offered
+    else:
+        assert "v-auto" not in offered and "v-half" not in offered  # over the limit: not offered
+        assert offered[0] == "v-min" and lists and lists[0] > 0
+    assert tracker.best is not None and validate(problem, tracker.best.devices) == []

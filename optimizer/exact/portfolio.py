@@ -132,6 +132,12 @@ AUTOMATIC_SCHEDULERS = ("zb-auto", "v-auto")
 # in 0.2-0.3 s at p = 32, m = 256 (49k ops), so they come first.
 TORCH_BUILT_INS = ("gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")
 ESSENTIAL = AUTOMATIC_SCHEDULERS + TORCH_BUILT_INS
+# When none of those fits in time (v-auto unfinished under a tight limit at a short time
+# limit), the hand-made low-memory families come before the list scheduler's fallback,
+# the shorter first, up to the first that fits: at p = 32, m = 256 on the V placement at
+# V-Min's memory and 1 s they take 0.35 s (V-Half's, over the limit) and 0.65 s (V-Min's:
+# 9354.2 ms) where the first list policy took 1.4-2.2 s for 11559.5 ms.
+FALLBACK_FAMILIES = ("v-half", "v-min")
 AUTOMATIC_SHARE = 0.9
 # The automatic schedulers take about this long per op, built and timed (v-auto at
 # p = 32, m = 256 on the V placement: 2.5 s and 0.2 s for 49k ops on 2 cores).
@@ -191,11 +197,18 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     families_until = min(essential_until, time.monotonic() + GENERATOR_SHARE * tracker.left())
     found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until)
     found += _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS, families_until, essential_until)
+    tried = set(ESSENTIAL)
+    for name in FALLBACK_FAMILIES:
+        if tracker.best is not None:
+            break
+        # Without a deadline, as the list scheduler's fallback below runs.
+        found += _generators(problem, tracker, lambda other, name=name: other == name, None, None)
+        tried.add(name)
     # The list-scheduler policies order token slices where the engine can (listengine), and
     # split every backward, which needs problem.split_memory_limit().
     grid = policies() if sliced_support(problem) is None and split_backwards_fit(problem) else []
     found += _list_policies(problem, tracker, grid[:1], essential_until)
-    found += _generators(problem, tracker, lambda name: name not in ESSENTIAL, families_until, essential_until)
+    found += _generators(problem, tracker, lambda name: name not in tried, families_until, essential_until)
     found += _list_policies(problem, tracker, grid[1:], families_until)
     if tracker.best is None:
         c = least_memory_candidate(problem)
@@ -204,7 +217,9 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     return found
 
 
-def _generators(problem: Problem, tracker: Tracker, which: Callable[[str], bool], until: float, essential_until: float) -> list[Candidate]:
+def _generators(
+    problem: Problem, tracker: Tracker, which: Callable[[str], bool], until: float | None, essential_until: float | None
+) -> list[Candidate]:
     found, _ = generator_candidates(
         problem,
         deadline=until,
