@@ -395,7 +395,9 @@ def test_when_no_essential_schedule_fits_the_low_memory_families_come_before_the
 
     if not v_auto_gives:
         monkeypatch.setattr(
-            incumbents, "applicable", lambda problem: [dataclasses.replace(g, build_by=nothing) if g is real else g for g in applicable(problem)]
+            incumbents,
+            "applicable",
+            lambda problem: [dataclasses.replace(g, build_by=nothing) if g is real else g for g in applicable(problem)],
         )
     monkeypatch.setattr(portfolio, "GENERATOR_SHARE", 0.0)
     tracker = Tracker("makespan", 10.0)

@@ -202,7 +202,7 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
         if tracker.best is not None:
             break
         # Without a deadline, as the list scheduler's fallback below runs.
-        found += _generators(problem, tracker, lambda other, name=name: other == name, None, None)
+        found += _generators(problem, tracker, name.__eq__, None, None)
         tried.add(name)
     # The list-scheduler policies order token slices where the engine can (listengine), and
     # split every backward, which needs problem.split_memory_limit().
