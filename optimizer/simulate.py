@@ -46,8 +46,12 @@ def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
                 raise InputError(f"device {d}: {op} belongs on device {op_device(device_of, op)}")
 
 
-def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[TimedOp]]:
-    """ASAP times for per-device orders; raises DeadlockError when the orders cannot finish."""
+def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]], run_order: list[tuple[int, int]] | None = None) -> list[list[TimedOp]]:
+    """ASAP times for per-device orders; raises DeadlockError when the orders cannot finish.
+
+    `run_order`, when given, receives each op's position (device, index) as it is timed:
+    a topological order of the ops (each after its dependencies and the op before it on
+    its device), whatever their durations."""
     _check_placement(problem, orders)
     tables = problem.tables()
     num_stages, num_slices, comm = problem.num_stages, problem.num_slices, problem.comm_time
@@ -89,6 +93,8 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[lis
                 end = start + duration[kind][stage][k]
                 timed[d].append(_new(TimedOp, (kind, stage, microbatch, start, end, k)))
                 free_at[d] = end
+                if run_order is not None:
+                    run_order.append((d, head[d]))
                 head[d] += 1
                 done = completion_key(op)
                 if done is not None:

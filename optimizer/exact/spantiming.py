@@ -25,10 +25,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from optimizer.ops import Op, TimedOp, completion_key, dependencies, dependency_order, op_duration, transfer_delay
+from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration, transfer_delay
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule, longest_span
 from optimizer.simulate import simulate, simulate_times
+
+_new = tuple.__new__  # builds a TimedOp without the named tuple's argument handling (49k ops)
 
 # The optimal span is a cycle mean of float path lengths; relaxing the fixpoint at
 # exactly that value can cycle on rounding, so it runs at a span this much larger
@@ -38,14 +40,14 @@ _SPAN_SLACK = 1e-12
 
 def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[TimedOp]]:
     """The earliest times of `orders` whose longest device span is the least possible."""
-    asap = simulate_times(problem, orders)  # also refuses bad placements and deadlocks
+    flat: list[tuple[int, int]] = []  # the ops in a topological order, as timed
+    asap = simulate_times(problem, orders, run_order=flat)  # also refuses bad placements and deadlocks
     p = len(orders)
     tables = problem.tables()
     device_of = tables.device
     vocab = tables.vocab_rule()
 
     # --- the order's graph, ops numbered in a topological order ------------------------
-    flat = dependency_order(asap, problem.num_stages, problem.num_slices, vocab)
     number = {(d, k): j for j, (d, k) in enumerate(flat)}
     ops = [asap[d][k] for d, k in flat]
     duration = np.array([op_duration(tables, t.kind, t.stage, t.slice) for t in ops])
@@ -97,7 +99,7 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
     for j, (d, _k) in enumerate(flat):
         t = ops[j]
         s = float(start[j])
-        timed[d].append(t._replace(start=s, end=s + float(duration[j])))
+        timed[d].append(_new(TimedOp, (t.kind, t.stage, t.microbatch, s, s + float(duration[j]), t.slice)))
     # Rounding could in principle stop the relaxation short; ASAP times are never wrong.
     return timed if longest_span(timed) <= longest_span(asap) else asap
 
