@@ -145,10 +145,10 @@ def _timing_steps(problem: Problem) -> int:
 # Ops x devices of the largest problem whose candidates are all timed for the span
 # (p = 16, m = 128 linear: 6144 ops x 16 devices, about 0.1 s each).
 AFFORDABLE_STEPS = 100_000
-# Seconds per op x device step of that timing: 1.2-1.4 s at p = 32, m = 256 on the V
-# placement (49k ops x 32 devices) on 2 quiet cores, 1.5-1.8 s at the end of a solve
-# (1.9 s kept: at 1.26 s a 5 s solve there took 5.8-6.1 s).
-SECONDS_PER_STEP = 1.2e-6
+# Seconds per op x device step of that timing: 0.9 s at p = 32, m = 256 on the V
+# placement (49k ops x 32 devices) on 2 quiet cores, more at the end of a solve (1.4 s
+# kept; with 1.9 s kept, 5 s solves of the four published levels there took 4.3-5.1 s).
+SECONDS_PER_STEP = 0.9e-6
 
 
 def final_timing_seconds(problem: Problem, objective: str) -> float:
