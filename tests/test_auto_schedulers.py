@@ -362,14 +362,19 @@ def test_where_zb_v_fits_a_large_problem_the_rounds_come_before_the_list_schedul
 def test_an_automatic_scheduler_still_building_at_its_deadline_gives_its_best_so_far(monkeypatch):
     """The solver waits for an automatic scheduler until its deadline; a candidate it is
     still building then (v-auto's reordered blocks take about 1 s each at p = 32) must not
-    cost the shorter orders it had already found."""
+    cost the shorter orders it had already found. The build is then told that nobody
+    waits for it any more (so that it can end instead of slowing the solver down)."""
     problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", mem_forward=0.5, memory_limit=3.0)
     first = generate(problem, "v-min").order()
     real = GENERATORS["v-auto"]
+    told: list[bool] = []
 
-    def slow(problem, deadline, keep):
+    def slow(problem, deadline, keep, abandoned):
         keep(first)
-        time.sleep(3.0)  # the next candidate takes long past the deadline
+        until = time.monotonic() + 3.0  # the next candidate takes long past the deadline
+        while time.monotonic() < until and not abandoned():
+            time.sleep(0.01)
+        told.append(abandoned())
         return first
 
     monkeypatch.setattr(incumbents, "applicable", lambda problem: [dataclasses.replace(real, build_by=slow)])
@@ -378,6 +383,26 @@ def test_an_automatic_scheduler_still_building_at_its_deadline_gives_its_best_so
     assert time.monotonic() - began < 2.0  # it did not wait for the build to end
     assert [c.name for c in found] == ["v-auto"] and not failed
     assert found[0].schedule.order() == first
+    for _ in range(100):  # the build sees it within its next poll (10 ms)
+        if told:
+            break
+        time.sleep(0.02)
+    assert told == [True]
+
+
+def test_v_auto_ends_at_its_next_step_once_abandoned_and_is_unchanged_while_awaited():
+    problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")
+    far = time.monotonic() + 3600.0
+    assert v_auto(problem, deadline=far, abandoned=lambda: False) == v_auto(problem)
+    steps: list[int] = []
+
+    def after_two_steps() -> bool:
+        steps.append(1)
+        return len(steps) > 2
+
+    with pytest.raises(TimeoutError):
+        v_auto(problem, deadline=far, abandoned=after_two_steps)
+    assert len(steps) == 3  # asked at each step, and ended at the first that said so
 
 
 @pytest.mark.parametrize("v_auto_gives", [False, True])
@@ -390,7 +415,7 @@ def test_when_no_essential_schedule_fits_the_low_memory_families_come_before_the
     assert generate(problem, "v-min").fits_memory() and not generate(problem, "v-half").fits_memory()
     real = GENERATORS["v-auto"]
 
-    def nothing(problem, deadline, keep):
+    def nothing(problem, deadline, keep, abandoned):
         raise InfeasibleError("v-auto: nothing in time")
 
     if not v_auto_gives:

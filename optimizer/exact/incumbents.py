@@ -85,8 +85,9 @@ def generator_candidates(
             continue
         outcome: dict[str, Any] = {}  # "orders" (a generator's orders) or "error" (its message)
         done = threading.Event()
+        given_up = threading.Event()  # set once this stops waiting: the build may end then
 
-        def build(generator=generator, outcome=outcome, done=done, own_deadline=own_deadline) -> None:
+        def build(generator=generator, outcome=outcome, done=done, own_deadline=own_deadline, given_up=given_up) -> None:
             try:
                 if own_deadline is None:
                     outcome["orders"] = generator.build(problem)
@@ -95,6 +96,7 @@ def generator_candidates(
                         problem,
                         own_deadline - _TIMING_SECONDS_PER_OP * problem.num_ops,
                         keep=lambda orders: outcome.__setitem__("so_far", orders),
+                        abandoned=given_up.is_set,
                     )
             except Exception as error:  # a broken family must not stop the solver; it is reported
                 outcome["error"] = f"{error.__class__.__name__}: {error}"
@@ -105,7 +107,8 @@ def generator_candidates(
             build()
         else:
             threading.Thread(target=build, daemon=True).start()
-            done.wait(max(0.0, own_deadline - time.monotonic()))
+            if not done.wait(max(0.0, own_deadline - time.monotonic())):
+                given_up.set()
         if not done.is_set() and "so_far" in outcome:
             outcome = {"orders": outcome["so_far"]}  # the build goes on in its thread; what it had stands
         if "orders" not in outcome and "error" not in outcome:

@@ -70,5 +70,5 @@ GENERATOR = Generator(
     greedy,
     sliced_support,
     slices=True,
-    build_by=greedy,
+    build_by=lambda problem, deadline, keep, abandoned: greedy(problem, deadline, keep),
 )

@@ -161,5 +161,5 @@ GENERATOR = Generator(
     "Automatic interleaved schedule for any memory limit: the interleaved zero-bubble walk with its rounds, warm-up and deferred W's fitted",
     interleaved_auto,
     looped_only,
-    build_by=lambda problem, deadline, keep: interleaved_auto(problem, deadline=deadline, keep=keep),
+    build_by=lambda problem, deadline, keep, abandoned: interleaved_auto(problem, deadline=deadline, keep=keep),
 )

@@ -12,6 +12,9 @@ from optimizer.problem import Problem
 Orders = list[list[Op]]
 # Hears a build's best orders so far (Generator.build_by).
 Keep = Callable[[Orders], None]
+# Says whether the caller has stopped waiting for a build (Generator.build_by): the build
+# may then end at once, with anything or nothing, since nobody takes its result.
+Abandoned = Callable[[], bool]
 
 
 @dataclass(frozen=True)
@@ -39,23 +42,24 @@ class Generator:
     slices: bool = False
     alias: bool = False
     vocab_only: bool = False  # applies only to problems with vocabulary parallelism
-    build_by: Callable[[Problem, float, Keep | None], Orders] | None = None
+    build_by: Callable[[Problem, float, Keep | None, Abandoned | None], Orders] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "build", _with_vocab_passes(self.build))
 
-    def build_within(self, problem: Problem, deadline: float, keep: Keep | None = None) -> Orders:
+    def build_within(self, problem: Problem, deadline: float, keep: Keep | None = None, abandoned: Abandoned | None = None) -> Orders:
         """The family's orders, from the build that stops at `deadline` where it has one
         (and weaving vocabulary passes the first way that fits once it has passed). `keep`
         hears the best orders so far of a build that has a deadline (not where vocabulary
-        passes are still to be woven in: those orders would lack them)."""
+        passes are still to be woven in: those orders would lack them); once `abandoned()`
+        is true the build may end at once (in a thread nobody waits for any more)."""
         build_by = self.build_by
         if build_by is None:
             # `build` weaves passes itself, but on the problem without them it builds plainly.
             return _with_vocab_passes(self.build, deadline)(problem)
         if problem.vocab_parallel is not None:
             keep = None
-        return _with_vocab_passes(lambda plain: build_by(plain, deadline, keep), deadline)(problem)
+        return _with_vocab_passes(lambda plain: build_by(plain, deadline, keep, abandoned), deadline)(problem)
 
     def reason(self, problem: Problem) -> str | None:
         """Why the family does not apply to `problem` (None: it does), slices included."""
