@@ -108,9 +108,14 @@ def generator_candidates(
         else:
             threading.Thread(target=build, daemon=True).start()
             if not done.wait(max(0.0, own_deadline - time.monotonic())):
+                # What the build had stands; taken before it hears that nobody waits (it may
+                # then end with an error at once, which must not cost what it had found).
+                had = dict(outcome)
                 given_up.set()
-        if not done.is_set() and "so_far" in outcome:
-            outcome = {"orders": outcome["so_far"]}  # the build goes on in its thread; what it had stands
+                if "orders" not in had and "so_far" in had:
+                    outcome = {"orders": had["so_far"]}
+                else:
+                    outcome = had
         if "orders" not in outcome and "error" not in outcome:
             failed[generator.name] = "gave no schedule before the solver's time for known schedules ran out"
         elif "error" in outcome:
