@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,23 @@ def rng(request) -> random.Random:
 def make_problem(rng):
     """random_problem bound to the test's generator: make_problem(p, m, placement, limit=...)."""
     return lambda p, m, placement="linear", **options: random_problem(rng, p, m, placement, **options)
+
+
+@pytest.fixture
+def record_calls(monkeypatch):
+    """record_calls(owner, name, note, into=None): owner.name becomes a pass-through that
+    first appends note(*its arguments) to a list, which it returns (`into`: a list shared
+    by several, so that their calls keep their order). Undone after the test."""
+
+    def install(owner: object, name: str, note: Callable[..., object], into: list | None = None) -> list:
+        calls = [] if into is None else into
+        real = getattr(owner, name)
+
+        def recorded(*args, **kwargs):
+            calls.append(note(*args, **kwargs))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, recorded)
+        return calls
+
+    return install

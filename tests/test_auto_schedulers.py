@@ -335,25 +335,14 @@ def test_the_solver_reorders_more_of_the_papers_blocks_than_v_auto_on_large_prob
     assert list(v_auto_module.more_reordered_blocks(problem, time.monotonic())) == []
 
 
-def test_where_zb_v_fits_a_large_problem_the_rounds_come_before_the_list_scheduler(monkeypatch):
+def test_where_zb_v_fits_a_large_problem_the_rounds_come_before_the_list_scheduler(monkeypatch, record_calls):
     # The rounds were the shorter and the cheaper of the two on every large setting of the
     # paper where ZB-V fits (p32 m256 at 2p: 7262.0 ms in 0.5 s against 7370.3 in 0.8 s):
     # a solve whose time runs out between them must have the rounds' schedule.
     problem = published_problem(setting_named("1.5B-p8-m24"), 16.0, "vshape")  # 2p: ZB-V fits
     monkeypatch.setattr(v_auto_module, "_MANY_OPS", 0)  # counted as large
-    built: list[str] = []
-    rounds, listed = v_auto_module.v_greedy, v_auto_module.greedy
-
-    def heard_rounds(problem):
-        built.append("rounds")
-        return rounds(problem)
-
-    def heard_list(problem, deadline=None):
-        built.append("list")
-        return listed(problem, deadline)
-
-    monkeypatch.setattr(v_auto_module, "v_greedy", heard_rounds)
-    monkeypatch.setattr(v_auto_module, "greedy", heard_list)
+    built = record_calls(v_auto_module, "v_greedy", lambda *call: "rounds")
+    record_calls(v_auto_module, "greedy", lambda *call: "list", into=built)
     schedule = simulate(problem, v_auto(problem))
     assert validate(problem, schedule.devices) == []
     assert built == ["rounds", "list"]
@@ -406,7 +395,7 @@ def test_v_auto_ends_at_its_next_step_once_abandoned_and_is_unchanged_while_awai
 
 
 @pytest.mark.parametrize("v_auto_gives", [False, True])
-def test_when_no_essential_schedule_fits_the_low_memory_families_come_before_the_list_scheduler(v_auto_gives, monkeypatch):
+def test_when_no_essential_schedule_fits_the_low_memory_families_come_before_the_list_scheduler(v_auto_gives, monkeypatch, record_calls):
     """At a short limit on a large V problem under V-Min's memory v-auto may give nothing
     in time and torch's built-ins do not fit: V-Min's family (0.65 s at p = 32, m = 256:
     22.4% bubble) then comes before the list scheduler's fallback (1.4-2.2 s: 37.2%).
@@ -426,14 +415,7 @@ def test_when_no_essential_schedule_fits_the_low_memory_families_come_before_the
         )
     monkeypatch.setattr(portfolio, "GENERATOR_SHARE", 0.0)
     tracker = Tracker("makespan", 10.0)
-    offered: list[str] = []
-    offer = tracker.offer
-
-    def heard(schedule, name):
-        offered.append(name)
-        return offer(schedule, name)
-
-    monkeypatch.setattr(tracker, "offer", heard)
+    offered = record_calls(tracker, "offer", lambda schedule, name: name)
     starting_points(problem, tracker)
     lists = [i for i, name in enumerate(offered) if name.startswith("list(")]
     if v_auto_gives:

@@ -146,20 +146,13 @@ def test_device_subset_bound_never_exceeds_any_valid_schedule(seed, p, m, placem
 
 
 @pytest.mark.parametrize("name, limit, seconds, computed", [("1.5B-p8-m24", 4.0, 3.0, True), ("14.6B-p16-m64", 6.0, 1.0, False)])
-def test_span_relaxations_start_only_where_every_devices_frame_fits_half_the_time(monkeypatch, name, limit, seconds, computed):
+def test_span_relaxations_start_only_where_every_devices_frame_fits_half_the_time(record_calls, name, limit, seconds, computed):
     # The frames (heads and tails from each device's first start) rank the devices before
     # any relaxation runs: 16 of them at p = 16, m = 64 take about 1.3 s, so with 1 s
     # left none is computed (started, they ran past the solve's deadline); 8 at p = 8,
     # m = 24 take about 0.2 s and fit in 3 s.
     problem = published_problem(setting_named(name), limit, "vshape")
-    framed: list[int] = []
-    frame = DeviceRelaxation.span_frame
-
-    def counted(self, device):
-        framed.append(device)
-        return frame(self, device)
-
-    monkeypatch.setattr(DeviceRelaxation, "span_frame", counted)
+    framed = record_calls(DeviceRelaxation, "span_frame", lambda relax, device: device)
     upper = objective_value(simulate(problem, generate(problem, "v-min").order()), "span")
     bound = device_subset_bound(problem, upper=upper, deadline=time.monotonic() + seconds, threads=1, objective="span")
     assert bound <= upper * (1 + 1e-9)
