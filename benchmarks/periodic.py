@@ -5,7 +5,9 @@ V-Min's, V-Half's and p/2 activations, and the solver grid's p = 16, m = 64 unif
 at V-Min's), this scans periods from the busiest device's work per microbatch upwards
 and asks CP-SAT whether a 1-periodic pattern (every microbatch the same ops at the same
 offsets, shifted by the period) fits the limit in its steady state, with the exact
-steady-state memory (optimizer.exact.periodic.period_status). Each period ends as
+steady-state memory (optimizer.exact.periodic.period_status). With `--copies K` the
+patterns hold K microbatches per cycle of K periods (microbatches alternate between K
+patterns), a larger family: a period proven "none" for one copy may fit with two. Each period ends as
 "none" (proven: no such pattern), "pattern" (one fits; its unrolled span is shown) or
 "unknown" (the time per period ran out). The scan stops at the first pattern.
 
@@ -15,7 +17,7 @@ below v-auto's says no periodic schedule runs a faster steady state at that memo
 not a lower bound on the span of every schedule (an aperiodic one, or a warm-up and
 cool-down of another shape, may still be shorter).
 
-    python benchmarks/periodic.py [--seconds 20] [--only TEXT] [--output PATH]
+    python benchmarks/periodic.py [--seconds 20] [--copies 1] [--steps 1,1.05,...] [--only TEXT] [--output PATH]
 
 Results: benchmarks/results/periodic.json and periodic.md.
 """
@@ -74,7 +76,7 @@ def steady_period(schedule: Schedule) -> float:
     return statistics.median(b - a for a, b in zip(starts, starts[1:]))
 
 
-def run_case(name: str, problem: Problem, seconds: float) -> dict:
+def run_case(name: str, problem: Problem, seconds: float, copies: int = 1, steps: tuple[float, ...] = STEPS) -> dict:
     tables = integer_tables(problem)
     work = busiest_work(problem)
     ticks_of_work = max(
@@ -90,13 +92,14 @@ def run_case(name: str, problem: Problem, seconds: float) -> dict:
         "v_auto_period": steady_period(ours),
         "periods": [],
     }
-    for step in STEPS:
+    for step in steps:
         period = math.ceil(ticks_of_work * step)
+        cycle = copies * period
         began = time.monotonic()
-        status, offsets = period_status(problem, tables, period, time_limit=seconds)
+        status, offsets = period_status(problem, tables, cycle, time_limit=seconds, copies=copies)
         entry: dict = {"step": step, "period": period / tables.time_scale, "status": status, "seconds": round(time.monotonic() - began, 1)}
         if offsets is not None:
-            unrolled = simulate(problem, unroll(problem, offsets, period))
+            unrolled = simulate(problem, unroll(problem, offsets, cycle))
             entry.update(span=objective_value(unrolled, "span"), fits=unrolled.fits_memory())
         row["periods"].append(entry)
         print(f"  {name}: x{step} ({entry['period']:.2f}) {status} in {entry['seconds']} s", flush=True)
@@ -105,11 +108,12 @@ def run_case(name: str, problem: Problem, seconds: float) -> dict:
     return row
 
 
-def markdown(rows: list[dict], seconds: float) -> str:
+def markdown(rows: list[dict], seconds: float, copies: int = 1) -> str:
+    patterns = "1-periodic pattern" if copies == 1 else f"pattern of {copies} microbatches per cycle of {copies} periods"
     lines = [
         f"CP-SAT up to {seconds:g} s per period, seed 0, 2 workers, on {platform.machine()} (2 cores). "
         "Periods in ms per microbatch (x: the busiest device's work per microbatch); none: proven "
-        "that no 1-periodic pattern fits the limit in its steady state; pattern: the first that fits, "
+        f"that no {patterns} fits the limit in its steady state; pattern: the first that fits, "
         "with its unrolled span; unknown: time ran out.",
         "",
         "| case | work | v-auto's steady period (median gap) | v-auto span | periods scanned | first pattern (span) |",
@@ -129,17 +133,27 @@ def markdown(rows: list[dict], seconds: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="CP-SAT time per period")
+    parser.add_argument("--copies", type=int, default=1, help="microbatches per cycle of the patterns (1: 1-periodic)")
     parser.add_argument("--only", default=None, help="run only cases whose name contains this")
     parser.add_argument("--output", type=Path, default=RESULTS / "periodic.json")
+    parser.add_argument("--steps", default=",".join(f"{s:g}" for s in STEPS), help="periods to scan, as multiples of the work")
     args = parser.parse_args()
+    try:
+        steps = tuple(float(text) for text in args.steps.split(","))
+    except ValueError:
+        parser.error(f"--steps: not a comma-separated list of numbers: {args.steps!r}")
+    if args.copies < 1 or not all(math.isfinite(step) and step >= 1 for step in steps):
+        parser.error("--copies must be at least 1 and every step a finite number of at least 1")
     rows = []
     for name, problem in cases():
         if args.only and args.only not in name:
             continue
-        rows.append(run_case(name, problem, args.seconds))
-    text = markdown(rows, args.seconds)
+        rows.append(run_case(name, problem, args.seconds, args.copies, steps))
+    text = markdown(rows, args.seconds, args.copies)
     print(text)
-    save_results(args.output, {"seconds_per_period": args.seconds, "machine": platform.machine(), "cases": rows}, text)
+    save_results(
+        args.output, {"seconds_per_period": args.seconds, "copies": args.copies, "machine": platform.machine(), "cases": rows}, text
+    )
 
 
 if __name__ == "__main__":

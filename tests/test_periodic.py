@@ -108,3 +108,21 @@ def test_none_is_never_said_off_the_decimal_grid_where_a_pattern_fits_exactly():
         status, offsets = period_status(problem, tables, busiest_work(problem), time_limit=2)
         assert status == "pattern" and offsets is not None
         assert simulate(problem, unroll(problem, offsets, busiest_work(problem))).fits_memory()
+
+
+def test_two_copies_per_cycle_reach_a_rate_no_single_copy_does_and_never_say_none_where_one_fits():
+    # Linear p = 4 with room for 3 activations: at 1.5 times the busiest device's work per
+    # microbatch no 1-periodic pattern fits (proven), but alternating two patterns does,
+    # unrolled and checked. At 3 times a 1-periodic pattern fits; repeated, it is a pattern
+    # of two microbatches per cycle of twice the period, so "none" there would be false.
+    problem = zb_shape(4, 24, "linear", 3.0)
+    tables = integer_tables(problem)
+    work = busiest_work(problem)
+    tight, loose = math.ceil(1.5 * work), math.ceil(3.0 * work)
+    assert period_status(problem, tables, tight, time_limit=4) == ("none", None)
+    status, offsets = period_status(problem, tables, 2 * tight, time_limit=4, copies=2)
+    assert status == "pattern" and offsets is not None and {r for _, _, r in offsets} == {0, 1}
+    schedule = simulate(problem, unroll(problem, offsets, 2 * tight))
+    assert validate(problem, schedule.devices) == [] and schedule.fits_memory()
+    assert period_status(problem, tables, loose, time_limit=4)[0] == "pattern"
+    assert period_status(problem, tables, 2 * loose, time_limit=4, copies=2)[0] != "none"
