@@ -164,9 +164,10 @@ def fusing_can_win(tables: Tables, stage: int, slice: int = 0) -> bool:
     return op_memory(tables, Kind.B, stage, slice) > 0 and math.isfinite(tables.limit[tables.device[stage]])
 
 
-# Dependency keys are built in the simulator's inner loop: tuple.__new__ skips the named
-# tuple's argument handling (about 5x faster than Op(...)), and the kinds are looked up once.
-_new = tuple.__new__
+# Ops and timed ops are built in hot loops (dependency keys in the simulator's inner loop,
+# timed ops there and in the span timing): new_tuple(Op, (...)) skips the named tuple's
+# argument handling (about 5x faster than Op(...)). The kinds are looked up once.
+new_tuple = tuple.__new__
 _F, _B, _S, _T = Kind.F, Kind.B, Kind.S, Kind.T
 
 
@@ -177,11 +178,11 @@ def completion_key(op: Op | TimedOp) -> Op | None:
     """
     kind = op.kind
     if kind == "F":
-        return _new(Op, (_F, op.stage, op.microbatch, op.slice))
+        return new_tuple(Op, (_F, op.stage, op.microbatch, op.slice))
     if kind == "B" or kind == "BW":
-        return _new(Op, (_B, op.stage, op.microbatch, op.slice))
+        return new_tuple(Op, (_B, op.stage, op.microbatch, op.slice))
     if kind == "S" or kind == "T":
-        return _new(Op, (op.kind, op.stage, op.microbatch, 0))
+        return new_tuple(Op, (op.kind, op.stage, op.microbatch, 0))
     return None
 
 
@@ -199,40 +200,40 @@ def dependencies(op: Op | TimedOp, num_stages: int, num_slices: int = 1, vocab: 
         return _vocab_dependencies(kind, stage, mb, num_stages, vocab)
     if num_slices == 1:  # the fast path: one dependency at most
         if kind == "F":
-            return (_new(Op, (_F, stage - 1, mb, 0)),) if stage > 0 else ()
+            return (new_tuple(Op, (_F, stage - 1, mb, 0)),) if stage > 0 else ()
         if kind == "W":
-            return (_new(Op, (_B, stage, mb, 0)),)
-        return (_new(Op, (_B, stage + 1, mb, 0)) if stage < num_stages - 1 else _new(Op, (_F, stage, mb, 0)),)
+            return (new_tuple(Op, (_B, stage, mb, 0)),)
+        return (new_tuple(Op, (_B, stage + 1, mb, 0)) if stage < num_stages - 1 else new_tuple(Op, (_F, stage, mb, 0)),)
     k = op.slice
     if kind == "F":
-        deps = (_new(Op, (_F, stage - 1, mb, k)),) if stage > 0 else ()
-        return deps + (_new(Op, (_F, stage, mb, k - 1)),) if k > 0 else deps
+        deps = (new_tuple(Op, (_F, stage - 1, mb, k)),) if stage > 0 else ()
+        return deps + (new_tuple(Op, (_F, stage, mb, k - 1)),) if k > 0 else deps
     if kind == "W":
-        return (_new(Op, (_B, stage, mb, k)),)
-    first = _new(Op, (_B, stage + 1, mb, k)) if stage < num_stages - 1 else _new(Op, (_F, stage, mb, k))
-    return (first, _new(Op, (_B, stage, mb, k + 1))) if k < num_slices - 1 else (first,)
+        return (new_tuple(Op, (_B, stage, mb, k)),)
+    first = new_tuple(Op, (_B, stage + 1, mb, k)) if stage < num_stages - 1 else new_tuple(Op, (_F, stage, mb, k))
+    return (first, new_tuple(Op, (_B, stage, mb, k + 1))) if k < num_slices - 1 else (first,)
 
 
 def _vocab_dependencies(kind: str, stage: int, mb: int, num_stages: int, vocab: VocabRule) -> tuple[Op, ...]:
     last = num_stages - 1
     if kind == "S":
-        return (_new(Op, (_F, last, mb, 0)),)
+        return (new_tuple(Op, (_F, last, mb, 0)),)
     if kind == "T":
         return _every_shard(_S, mb, vocab.num_devices)
     if kind == "F":
-        return (_new(Op, (_F, stage - 1, mb, 0)),) if stage > 0 else ()
+        return (new_tuple(Op, (_F, stage - 1, mb, 0)),) if stage > 0 else ()
     if kind == "W":
-        return (_new(Op, (_B, stage, mb, 0)),)
+        return (new_tuple(Op, (_B, stage, mb, 0)),)
     if stage < last:
-        return (_new(Op, (_B, stage + 1, mb, 0)),)
+        return (new_tuple(Op, (_B, stage + 1, mb, 0)),)
     passes = _S if vocab.barriers == 1 else _T
-    return (_new(Op, (_F, stage, mb, 0)),) + _every_shard(passes, mb, vocab.num_devices)
+    return (new_tuple(Op, (_F, stage, mb, 0)),) + _every_shard(passes, mb, vocab.num_devices)
 
 
 @lru_cache(maxsize=1 << 14)
 def _every_shard(kind: str, mb: int, num_devices: int) -> tuple[Op, ...]:
     """Every shard's pass of a microbatch: built once, asked for by every device (hot loop)."""
-    return tuple(_new(Op, (kind, d, mb, 0)) for d in range(num_devices))
+    return tuple(new_tuple(Op, (kind, d, mb, 0)) for d in range(num_devices))
 
 
 def dependency_order(

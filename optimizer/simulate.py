@@ -17,11 +17,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from optimizer.errors import DeadlockError, InputError
-from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, completion_key, dependencies, op_device, op_duration
+from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, completion_key, dependencies, new_tuple, op_device, op_duration
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
-
-_new = tuple.__new__  # builds a TimedOp without the named tuple's argument handling (hot loop)
 
 
 def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
@@ -91,7 +89,7 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]], run_order: 
             else:  # every dependency has ended: run the op
                 kind, stage, microbatch, k = op.kind, op.stage, op.microbatch, op.slice
                 end = start + duration[kind][stage][k]
-                timed[d].append(_new(TimedOp, (kind, stage, microbatch, start, end, k)))
+                timed[d].append(new_tuple(TimedOp, (kind, stage, microbatch, start, end, k)))
                 free_at[d] = end
                 if run_order is not None:
                     run_order.append((d, head[d]))

@@ -25,12 +25,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration, transfer_delay
+from optimizer.ops import Op, TimedOp, completion_key, dependencies, new_tuple, op_duration, transfer_delay
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule, longest_span
 from optimizer.simulate import simulate, simulate_times
-
-_new = tuple.__new__  # builds a TimedOp without the named tuple's argument handling (49k ops)
 
 # The optimal span is a cycle mean of float path lengths; relaxing the fixpoint at
 # exactly that value can cycle on rounding, so it runs at a span this much larger
@@ -99,7 +97,7 @@ def span_times(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[Ti
     for j, (d, _k) in enumerate(flat):
         t = ops[j]
         s = float(start[j])
-        timed[d].append(_new(TimedOp, (t.kind, t.stage, t.microbatch, s, s + float(duration[j]), t.slice)))
+        timed[d].append(new_tuple(TimedOp, (t.kind, t.stage, t.microbatch, s, s + float(duration[j]), t.slice)))
     # Rounding could in principle stop the relaxation short; ASAP times are never wrong.
     return timed if longest_span(timed) <= longest_span(asap) else asap
 
