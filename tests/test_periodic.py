@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from optimizer.exact.periodic import period_status, solve_period, unroll
+from optimizer.exact.periodic import period_status, repeated_pattern, solve_period, unroll
 from optimizer.exact.timescale import integer_tables
 from optimizer.ops import SPLIT_KINDS
 from optimizer.problem import Problem, uniform_problem
@@ -126,3 +126,27 @@ def test_two_copies_per_cycle_reach_a_rate_no_single_copy_does_and_never_say_non
     assert validate(problem, schedule.devices) == [] and schedule.fits_memory()
     assert period_status(problem, tables, loose, time_limit=4)[0] == "pattern"
     assert period_status(problem, tables, 2 * loose, time_limit=4, copies=2)[0] != "none"
+
+
+def test_a_repeated_pattern_is_the_same_schedule_and_a_hint_never_changes_what_is_proven():
+    # The 1-periodic pattern at 3 times the work, repeated at its own rate, is the same
+    # schedule; squeezed to 1.5 times it is only a hint (it overlaps), and the 2-copy search
+    # it starts still finds a pattern there, and still proves "none" where none exists.
+    problem = zb_shape(4, 24, "linear", 3.0)
+    tables = integer_tables(problem)
+    work = busiest_work(problem)
+    tight, loose = math.ceil(1.5 * work), math.ceil(3.0 * work)
+    status, one = period_status(problem, tables, loose, time_limit=4)
+    assert status == "pattern" and one is not None
+    assert unroll(problem, repeated_pattern(one, loose, 2 * loose, 2), 2 * loose) == unroll(problem, one, loose)
+    status, found = period_status(problem, tables, 2 * tight, time_limit=4, copies=2, hint=repeated_pattern(one, loose, 2 * tight, 2))
+    assert status == "pattern" and found is not None
+    schedule = simulate(problem, unroll(problem, found, 2 * tight))
+    assert validate(problem, schedule.devices) == [] and schedule.fits_memory()
+    below = math.floor(0.9 * work)  # below the busiest device's work: nothing fits
+    assert period_status(problem, tables, 2 * below, time_limit=4, copies=2, hint=repeated_pattern(one, loose, 2 * below, 2)) == (
+        "none",
+        None,
+    )
+    with pytest.raises(ValueError, match="1-periodic"):
+        repeated_pattern(found, 2 * tight, 4 * tight, 2)
