@@ -15,9 +15,7 @@ import functools
 import json
 import math
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -28,6 +26,7 @@ from rich.table import Table
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.formats.schedule_json import load_schedule, save_schedule
+from optimizer.interrupts import interrupts_deferred
 from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, problem_from_json, uniform_problem
 from optimizer.schedule import Schedule
@@ -86,27 +85,6 @@ MAX_THREADS = 256
 MAX_SEQUENCE_LENGTH = 2**24
 # The formats `show` draws (optimizer/formats/); `export` writes every schedule format.
 PICTURES = ("svg", "html", "chrome-trace")
-
-
-@contextlib.contextmanager
-def interrupts_deferred():
-    """Hold Ctrl-C during the block and raise KeyboardInterrupt after it.
-
-    For imports of C extensions (OR-Tools, PuLP's HiGHS, torch): one interrupted while it
-    loads can turn the KeyboardInterrupt into an ImportError, which optional imports then
-    swallow; and for writing outputs, so that what was computed is written whole.
-    """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if caught:
-        raise KeyboardInterrupt
 
 
 def finite_option(option: str, value: float | None, *, low: float | None = None, high: float | None = None) -> None:

@@ -25,8 +25,9 @@ from pathlib import Path  # noqa: E402
 
 import typer  # noqa: E402
 
-from optimizer.cli import app, finite_option, interrupts_deferred, run_app, user_errors  # noqa: E402
+from optimizer.cli import app, finite_option, run_app, user_errors  # noqa: E402
 from optimizer.errors import InputError, PipeschedError, ScheduleError  # noqa: E402
+from optimizer.interrupts import interrupts_deferred  # noqa: E402
 from optimizer.io import printable  # noqa: E402
 
 _BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."

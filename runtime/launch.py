@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from optimizer.errors import InputError, PipeschedError
+from optimizer.interrupts import interrupts_deferred
 from runtime.environment import environment_int, torchrun_world, under_torchrun
 from runtime.forkserver import rank_context
 
@@ -92,11 +93,17 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
             for rank in range(world_size)
         ]
         try:
-            for process in processes:
-                process.start()
+            # Ctrl-C while the server forks a rank (it may still be importing torch) would
+            # leave that rank running, its pid unknown here: held until every rank has
+            # started, then raised here, and the ranks are stopped below.
+            with interrupts_deferred():
+                for process in processes:
+                    process.start()
             stopped = _watch(processes)
         finally:
             for process in processes:
+                if process.pid is None:  # never started: starting an earlier one failed
+                    continue
                 if process.is_alive():
                     process.kill()
                 process.join()

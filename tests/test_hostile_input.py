@@ -43,12 +43,15 @@ CLI = [sys.executable, "-c", "import sys; from runtime.cli import main; sys.exit
 # the launcher and by the rank server at once), took up to 35 s on this shared, loaded
 # 2-core machine; the file-reading cases take well under a second each.
 HANG_GUARD_SECONDS = 60.0
+# Python itself would cache the corpus's user models' bytecode next to them (__pycache__),
+# which the corpus check would count as written; what pipesched writes is what is checked.
+NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def run_cli(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
 ) -> tuple[subprocess.CompletedProcess, float]:
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)]), **(env or {})}
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)]), **NO_BYTECODE, **(env or {})}
     began = time.monotonic()
     result = subprocess.run(CLI + args, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     return result, time.monotonic() - began
@@ -495,7 +498,7 @@ def outcomes(tmp_path_factory) -> dict[str, tuple]:
         return {case.name: (result.returncode, result.stdout, result.stderr, seconds)}
 
     def batch(cases: list[Case]) -> dict[str, tuple]:
-        environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), **NO_BYTECODE}
         result = subprocess.run(
             [sys.executable, "-c", BATCH_DRIVER],
             input=json.dumps([argv(c) for c in cases]),
@@ -695,10 +698,19 @@ def test_ctrl_c_during_pareto_writes_the_points_so_far(tmp_path) -> None:
     assert (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
 
 
-def test_ctrl_c_during_run_exits_130_without_traceback(tmp_path) -> None:
+def _rank_server_processes(session: int) -> int:
+    """The rank server and the ranks it forked (they share its command line)."""
+    return sum("multiprocessing.forkserver" in line for line in session_processes(session))
+
+
+@pytest.mark.parametrize("moment", ["while the rank server starts", "while the ranks run"])
+def test_ctrl_c_during_run_exits_130_without_traceback(tmp_path, moment) -> None:
+    # While the server starts (importing torch), the launcher may be waiting for it to fork
+    # a rank: that rank must not be left running. Later, the ranks are stopped mid-step.
     save_schedule(generate(uniform_problem(2, 4), "1f1b"), tmp_path / "s.json")
     process = start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, tmp_path)
-    time.sleep(4)
+    wanted = 1 if moment == "while the rank server starts" else 3  # the server, then it and 2 ranks
+    assert wait_for(lambda: _rank_server_processes(process.pid) >= wanted, 30), session_processes(process.pid)
     _, err = interrupt(process)
     assert process.returncode == 130, err
     assert err.strip() == "interrupted"

@@ -7,6 +7,7 @@ import this module by name, so each is a plain module-level function.
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import signal
 import time
@@ -22,7 +23,9 @@ from optimizer.problem import uniform_problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import generate
 from runtime.cli import app
+from runtime.launch import launch
 from runtime.models import GPTConfig, build_example
+from runtime.worker import RunJob
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
@@ -165,3 +168,25 @@ def test_check_names_the_first_mismatching_parameter(one_f_one_b):
     assert "check FAILED" in result.stdout
     # The changed bias is in stage 1, but its effect reaches every gradient upstream.
     assert error_line(result).startswith("error: check failed: stage 0 parameter tok_emb.weight: relative error ")
+
+
+def test_ctrl_c_while_the_ranks_start_stops_every_rank_started(monkeypatch):
+    # Ctrl-C while the launcher asks the rank server for a rank (the server may still be
+    # importing torch, seconds): the rank it then forks must not be left running. Here the
+    # interrupt comes right after the first of two ranks started: it must end as Ctrl-C
+    # (not as an error about the rank never started) with every started rank stopped.
+    started: list = []
+    real_start = multiprocessing.process.BaseProcess.start
+
+    def start_then_interrupt(process):
+        real_start(process)
+        started.append(process)
+        if len(started) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_then_interrupt)
+    schedule = generate(uniform_problem(2, 4), "1f1b")
+    with pytest.raises(KeyboardInterrupt):
+        launch(RunJob(schedule.to_json(), "1f1b", "example", steps=1000, timeout_s=60), 2)
+    assert len(started) == 2
+    assert all(process.exitcode is not None for process in started)  # stopped and reaped
