@@ -7,20 +7,35 @@ kind of input everywhere.
 
 from __future__ import annotations
 
+import functools
 import random
 
 from hypothesis import strategies as st
 
+from benchmarks.published import published_problem, setting_named
 from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.spantiming import span_times
 from optimizer.io import validate_model
 from optimizer.ops import Op, completion_key, dependencies, op_device, op_memory
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedule import Schedule
+from optimizer.schedules.v_auto import v_auto
 from optimizer.simulate import simulate
 from optimizer.validate import validate
 
 PLACEMENTS = ("linear", "vshape", "interleaved:2")
+
+
+@functools.cache
+def published_v_auto(name: str, limit: float, **parts: bool) -> Schedule:
+    """v-auto's schedule (`parts`: its switches, as `v_auto` takes them) of a Zero Bubble
+    setting on the V placement at `limit` stage activations, checked valid and within the
+    limit. Kept for the session: several tests measure the same p = 16 case (seconds each);
+    name the same switches alike (reorder=True is not the same key as no switch)."""
+    problem = published_problem(setting_named(name), limit, "vshape")
+    schedule = simulate(problem, v_auto(problem, **parts))
+    assert validate(problem, schedule.devices) == []  # includes the memory limit
+    return schedule
 
 
 def random_problem(

@@ -9,6 +9,7 @@ import dataclasses
 import time
 
 import pytest
+from factories import published_v_auto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -160,12 +161,7 @@ def v_auto_with_and_without(limit: float, **without) -> tuple[float, float]:
     """Spans of v-auto on 14.6B p16 m48 (V) at `limit` with and without the parts in
     `without`, both without the reordered blocks (which win at these limits and would
     hide the part measured; tests/test_block_reorder.py measures them)."""
-    problem = published_problem(setting_named("14.6B-p16-m48"), limit, "vshape")
-    spans = []
-    for parts in ({}, without):
-        schedule = simulate(problem, v_auto(problem, reorder=False, **parts))
-        assert validate(problem, schedule.devices) == []
-        spans.append(objective_value(schedule, "span"))
+    spans = [objective_value(published_v_auto("14.6B-p16-m48", limit, reorder=False, **parts), "span") for parts in ({}, without)]
     return spans[0], spans[1]
 
 
@@ -226,7 +222,7 @@ def test_v_auto_past_its_deadline_returns_its_first_fitting_candidate():
     problem = published_problem(setting, 8.0, "vshape")
     hurried = simulate(problem, v_auto(problem, deadline=time.monotonic() - 1.0))
     assert validate(problem, hurried.devices) == []  # includes the memory limit
-    full = objective_value(checked(problem, "v-auto"), "span")
+    full = objective_value(published_v_auto("14.6B-p16-m48", 8.0, reorder=True), "span")
     # without time it goes on to the reordered blocks: 1957.0 ms against the first
     # fitting block's 2051.7
     assert objective_value(hurried, "span") > full * (1 + 0.01)

@@ -7,12 +7,12 @@ from __future__ import annotations
 from itertools import accumulate
 
 import pytest
+from factories import published_v_auto
 
-from benchmarks.published import published_problem, setting_named
 from optimizer.exact.incumbents import objective_value
 from optimizer.problem import uniform_problem
 from optimizer.schedules.block_reorder import _peak, _repeat, _squeeze, reordered_block_orders
-from optimizer.schedules.v_auto import candidate_blocks, v_auto
+from optimizer.schedules.v_auto import candidate_blocks
 from optimizer.schedules.v_half import v_half_offsets
 from optimizer.schedules.v_min import v_min_offsets
 from optimizer.simulate import simulate
@@ -66,10 +66,7 @@ def test_caps_that_come_to_the_same_build_once_and_distinct_ones_each():
 
 
 def v_auto_span(limit: float, reorder: bool) -> float:
-    problem = published_problem(setting_named("14.6B-p16-m48"), limit, "vshape")
-    schedule = simulate(problem, v_auto(problem, reorder=reorder))
-    assert validate(problem, schedule.devices) == []  # includes the memory limit
-    return objective_value(schedule, "span")
+    return objective_value(published_v_auto("14.6B-p16-m48", limit, reorder=reorder), "span")
 
 
 @pytest.mark.parametrize(

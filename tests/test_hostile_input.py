@@ -8,8 +8,9 @@ and mode); and a hang guard on the time taken. Then the size contract at its lim
 just over, and Ctrl-C during solve (CBC and auto), pareto and run.
 
 Cases that read files or options run in batches, each batch one `pipesched` process that
-calls the console entry's `run_app` once per case with its own stderr; cases that need
-their own environment or load a user model (torch) get a process each. Batches and processes
+calls the console entry's `run_app` once per case with its own stderr; the cases that load
+a user model (torch) share a batch of their own, and those that need their own
+environment get a process each. Batches and processes
 run in parallel threads, to keep the file near a minute and a half on two cores.
 """
 
@@ -477,9 +478,10 @@ print(json.dumps(results))
 BATCHES = 3
 
 
-def _own_process(case: Case) -> bool:
-    # Its own environment, or a user model: torch loads and a rank server starts.
-    return bool(case.env) or any(arg.endswith("_model:build_stages") for arg in case.args)
+def _loads_a_user_model(case: Case) -> bool:
+    # torch loads and a rank server starts: these share one process of their own, so that
+    # they load torch once, not next to each other.
+    return any(arg.endswith("_model:build_stages") for arg in case.args)
 
 
 @pytest.fixture(scope="module")
@@ -511,8 +513,9 @@ def outcomes(tmp_path_factory) -> dict[str, tuple]:
         assert result.returncode == 0, result.stderr
         return {c.name: tuple(r) for c, r in zip(cases, json.loads(result.stdout.splitlines()[-1]))}
 
-    shared = [c for c in CASES if not _own_process(c)]
-    jobs = [(batch, shared[k::BATCHES]) for k in range(BATCHES)] + [(alone, c) for c in CASES if _own_process(c)]
+    shared = [c for c in CASES if not c.env and not _loads_a_user_model(c)]
+    models = [c for c in CASES if not c.env and _loads_a_user_model(c)]
+    jobs = [(batch, shared[k::BATCHES]) for k in range(BATCHES)] + [(batch, models)] + [(alone, c) for c in CASES if c.env]
     results: dict[str, tuple] = {}
     with ThreadPoolExecutor(max_workers=3) as pool:
         for found in pool.map(lambda job: job[0](job[1]), jobs):
