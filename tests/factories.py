@@ -26,14 +26,17 @@ from optimizer.validate import validate
 PLACEMENTS = ("linear", "vshape", "interleaved:2")
 
 
-@functools.cache
-def published_v_auto(name: str, limit: float, **parts: bool) -> Schedule:
-    """v-auto's schedule (`parts`: its switches, as `v_auto` takes them) of a Zero Bubble
+def published_v_auto(name: str, limit: float, *, bends: bool = True, denser: bool = True, reorder: bool = True) -> Schedule:
+    """v-auto's schedule (with its switches, as `v_auto` takes them) of a Zero Bubble
     setting on the V placement at `limit` stage activations, checked valid and within the
-    limit. Kept for the session: several tests measure the same p = 16 case (seconds each);
-    name the same switches alike (reorder=True is not the same key as no switch)."""
+    limit. Kept for the session: several tests measure the same p = 16 case (seconds each)."""
+    return _published_v_auto(name, limit, bends, denser, reorder)
+
+
+@functools.cache
+def _published_v_auto(name: str, limit: float, bends: bool, denser: bool, reorder: bool) -> Schedule:
     problem = published_problem(setting_named(name), limit, "vshape")
-    schedule = simulate(problem, v_auto(problem, **parts))
+    schedule = simulate(problem, v_auto(problem, bends=bends, denser=denser, reorder=reorder))
     assert validate(problem, schedule.devices) == []  # includes the memory limit
     return schedule
 

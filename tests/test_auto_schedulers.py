@@ -222,7 +222,7 @@ def test_v_auto_past_its_deadline_returns_its_first_fitting_candidate():
     problem = published_problem(setting, 8.0, "vshape")
     hurried = simulate(problem, v_auto(problem, deadline=time.monotonic() - 1.0))
     assert validate(problem, hurried.devices) == []  # includes the memory limit
-    full = objective_value(published_v_auto("14.6B-p16-m48", 8.0, reorder=True), "span")
+    full = objective_value(published_v_auto("14.6B-p16-m48", 8.0), "span")
     # without time it goes on to the reordered blocks: 1957.0 ms against the first
     # fitting block's 2051.7
     assert objective_value(hurried, "span") > full * (1 + 0.01)
