@@ -37,7 +37,8 @@ from runtime.forkserver import rank_context
 
 __all__ = ["LaunchError", "launch", "run_here", "torchrun_world", "under_torchrun"]
 
-# How long the other ranks may take to fail on their own after one rank failed.
+# How long the other ranks may take to fail on their own after one rank failed (a rank
+# waiting for a transfer fails within the job's transfer timeout, when that is shorter).
 _GRACE_SECONDS = 5.0
 
 
@@ -99,7 +100,7 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
             with interrupts_deferred():
                 for process in processes:
                     process.start()
-            stopped = _watch(processes)
+            stopped = _watch(processes, min(_GRACE_SECONDS, job.timeout_s))
         finally:
             for process in processes:
                 if process.pid is None:  # never started: starting an earlier one failed
@@ -181,7 +182,7 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def _watch(processes: list) -> set[int]:
+def _watch(processes: list, grace: float) -> set[int]:
     """Wait for all ranks; after the first failure, give the rest a grace period, then
     stop them. Returns the ranks that had to be stopped."""
     failed_at = None
@@ -191,7 +192,7 @@ def _watch(processes: list) -> set[int]:
             return set()
         if failed_at is None and any(p.exitcode not in (None, 0) for p in processes):
             failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > _GRACE_SECONDS:
+        if failed_at is not None and time.monotonic() - failed_at > grace:
             stopped = {processes.index(p) for p in alive}
             for p in alive:
                 p.kill()
