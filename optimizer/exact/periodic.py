@@ -203,8 +203,8 @@ def period_status(
     rounded up: exact on decimal inputs, otherwise each free rounded towards zero, so "none"
     is always a proof and a pattern must still be checked on its unrolled order.
 
-    `hint` (offsets of this cycle and number of copies, e.g. from `repeated_pattern`)
-    guides the search; without one the memory-free pattern of least latency and
+    `hint` (an offset for every (kind, stage, copy) of this cycle, e.g. from
+    `repeated_pattern`) guides the search; without one the memory-free pattern of least latency and
     memory-time does (CP-SAT then finds patterns or proofs in seconds where it found
     neither in minutes without). A hint never changes what is proven, only how soon.
     """
