@@ -42,7 +42,7 @@ from benchmarks.saving import save_results
 from benchmarks.solver import Case, build_problem
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.periodic import Key, period_status, repeated_pattern, unroll
-from optimizer.exact.timescale import integer_tables
+from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.ops import SPLIT_KINDS
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -81,11 +81,10 @@ def steady_period(schedule: Schedule) -> float:
 
 
 def one_periodic_pattern(
-    problem: Problem, seconds: float, ticks_of_work: int, steps: tuple[float, ...]
+    problem: Problem, tables: IntegerTables, seconds: float, ticks_of_work: int, steps: tuple[float, ...]
 ) -> tuple[dict[Key, int], int, float] | None:
     """The first 1-periodic pattern that fits, scanning `steps` and then longer periods up
     to twice the work: (offsets, period in ticks, step), or None."""
-    tables = integer_tables(problem)
     for step in sorted({*steps, *HINT_STEPS}):
         period = math.ceil(ticks_of_work * step)
         status, offsets = period_status(problem, tables, period, time_limit=seconds)
@@ -111,7 +110,7 @@ def run_case(name: str, problem: Problem, seconds: float, copies: int = 1, steps
         "v_auto_period": steady_period(ours),
         "periods": [],
     }
-    single = one_periodic_pattern(problem, seconds, ticks_of_work, steps) if copies > 1 else None
+    single = one_periodic_pattern(problem, tables, seconds, ticks_of_work, steps) if copies > 1 else None
     if single is not None:
         row["hint"] = {"step": single[2], "period": single[1] / tables.time_scale}
     for step in steps:
@@ -138,16 +137,17 @@ def hint_text(row: dict) -> str:
 
 def markdown(rows: list[dict], seconds: float, copies: int = 1) -> str:
     patterns = "1-periodic pattern" if copies == 1 else f"pattern of {copies} microbatches per cycle of {copies} periods"
+    hinted = copies > 1  # the searches started from a 1-periodic pattern: one more column
     lines = [
         f"CP-SAT up to {seconds:g} s per period, seed 0, 2 workers, on {platform.machine()} (2 cores). "
         "Periods in ms per microbatch (x: the busiest device's work per microbatch); none: proven "
         f"that no {patterns} fits the limit in its steady state; pattern: the first that fits, "
         "with its unrolled span; unknown: time ran out."
-        + ("" if copies == 1 else " Hint: the 1-periodic pattern (its period) that started each search."),
+        + (" Hint: the 1-periodic pattern (its period) that started each search." if hinted else ""),
         "",
         "| case | work | v-auto's steady period (median gap) | v-auto span | periods scanned | first pattern (span) |"
-        + ("" if copies == 1 else " hint |"),
-        "|---|---:|---:|---:|---|---|" + ("" if copies == 1 else "---|"),
+        + (" hint |" if hinted else ""),
+        "|---|---:|---:|---:|---|---|" + ("---|" if hinted else ""),
     ]
     for r in rows:
         scanned = ", ".join(f"x{p['step']:g} {p['status']}" for p in r["periods"])
@@ -156,7 +156,7 @@ def markdown(rows: list[dict], seconds: float, copies: int = 1) -> str:
         lines.append(
             f"| {r['case']} | {r['work_per_microbatch']:.2f} | {r['v_auto_period']:.2f} "
             f"(x{r['v_auto_period'] / r['work_per_microbatch']:.3f}) | {r['v_auto_span']:.1f} | {scanned} | {first} |"
-            + ("" if copies == 1 else f" {hint_text(r)} |")
+            + (f" {hint_text(r)} |" if hinted else "")
         )
     return "\n".join(lines) + "\n"
 
