@@ -23,8 +23,12 @@ install: $(BIN)/pipesched
 demo: install
 	$(BIN)/python -m optimizer.demo
 
+# Test files run on TEST_WORKERS processes (pytest-xdist; each file stays on one worker, so
+# its module fixtures are built once); `make test TEST_WORKERS=0` runs them in this one.
+TEST_WORKERS ?= 2
+
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 
 # The quick loop while editing: everything but the tests marked slow (under a minute).
 test-fast: install

@@ -8,8 +8,9 @@ seconds. `make test-fast` runs everything not marked slow.
 from __future__ import annotations
 
 import random
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,17 @@ def record_calls(monkeypatch):
         return calls
 
     return install
+
+
+@pytest.fixture
+def python_ctrl_c() -> Iterator[None]:
+    """Python's own Ctrl-C handler during the test, as in a terminal; the previous one after.
+
+    A runner started in the background of a non-interactive shell, or a parallel test
+    worker, has SIGINT ignored: a test that sends itself Ctrl-C needs the handler a user has.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

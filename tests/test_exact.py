@@ -242,7 +242,7 @@ def test_interrupt_returns_the_best_so_far():
 
 
 @pytest.mark.slow
-def test_a_second_interrupt_while_the_result_is_made_keeps_the_best(monkeypatch):
+def test_a_second_interrupt_while_the_result_is_made_keeps_the_best(monkeypatch, python_ctrl_c):
     # Ctrl-C twice in quick succession: the second lands while the best so far is turned
     # into the result (a real signal, as from a terminal).
     from optimizer.exact.tracker import Tracker
@@ -260,15 +260,9 @@ def test_a_second_interrupt_while_the_result_is_made_keeps_the_best(monkeypatch)
         if progress.incumbent is not None and progress.phase != "interrupted":
             raise KeyboardInterrupt
 
-    # Python's own handler, as in a terminal: a runner started in the background (a
-    # non-interactive shell's `&`) has Ctrl-C ignored from the start, which `solve` leaves as is.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        schedule = solve(zb_problem(4, 16, limit=3.0), "auto", SolveOptions(time_limit=60), on_progress=interrupt_after_first_incumbent)
-        assert_valid(schedule)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    schedule = solve(zb_problem(4, 16, limit=3.0), "auto", SolveOptions(time_limit=60), on_progress=interrupt_after_first_incumbent)
+    assert_valid(schedule)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_interrupt_before_any_schedule_propagates():

@@ -170,7 +170,7 @@ def test_check_names_the_first_mismatching_parameter(one_f_one_b):
     assert error_line(result).startswith("error: check failed: stage 0 parameter tok_emb.weight: relative error ")
 
 
-def test_ctrl_c_while_the_ranks_start_stops_every_rank_started(monkeypatch):
+def test_ctrl_c_while_the_ranks_start_stops_every_rank_started(monkeypatch, python_ctrl_c):
     # Ctrl-C while the launcher asks the rank server for a rank (the server may still be
     # importing torch, seconds): the rank it then forks must not be left running. Here the
     # interrupt comes right after the first of two ranks started: it must end as Ctrl-C
