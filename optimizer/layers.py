@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from optimizer.problem import MAX_STAGES, MAX_VALUE, Duration, StageMemory, _Strict, check_deltas_sum_to_zero
+from optimizer.problem import MAX_STAGES, MAX_VALUE, Duration, StageMemory, _Strict
 
 FORMAT = "pipesched.layers"
 VERSION = 1
@@ -44,11 +44,6 @@ class Layer(_Strict):
     backward: Duration | None = None  # the fused backward BW; None: B + W
     memory: StageMemory
     parameters: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
-
-    @model_validator(mode="after")
-    def _deltas_sum_to_zero(self) -> Layer:
-        check_deltas_sum_to_zero(self.memory)
-        return self
 
 
 class LayersProfile(_Strict):

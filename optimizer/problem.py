@@ -49,11 +49,27 @@ class _Strict(BaseModel):
 
 
 class StageMemory(_Strict):
-    """Memory change of one op of this stage: F at its start, B and W at their end."""
+    """Memory change of one op of this stage: F at its start, B and W at their end.
+
+    The three must sum to zero within _SUM_TOLERANCE (relative to the allocation); the
+    larger of B's and W's changes then takes up the rest, so that they sum to zero up to
+    float rounding. A remainder left in place would pile up one microbatch after another: 1e-7 a
+    microbatch at a limit of one forward's allocation made every schedule overflow.
+    """
 
     forward: Annotated[float, Field(ge=0, le=MAX_VALUE)]
     backward_input: MemoryValue
     backward_weight: MemoryValue
+
+    @model_validator(mode="after")
+    def _deltas_sum_to_zero(self) -> StageMemory:
+        check_deltas_sum_to_zero(self)
+        # Frozen: the validator is the one place the value is still being built.
+        if abs(self.backward_weight) >= abs(self.backward_input):
+            object.__setattr__(self, "backward_weight", -(self.forward + self.backward_input))
+        else:
+            object.__setattr__(self, "backward_input", -(self.forward + self.backward_weight))
+        return self
 
 
 class StageLayer(_Strict):
@@ -82,11 +98,6 @@ class Stage(_Strict):
 
     def fused_backward(self) -> float:
         return self.backward if self.backward is not None else self.backward_input + self.backward_weight
-
-    @model_validator(mode="after")
-    def _deltas_sum_to_zero(self) -> Stage:
-        check_deltas_sum_to_zero(self.memory)
-        return self
 
 
 def check_deltas_sum_to_zero(memory: StageMemory) -> None:

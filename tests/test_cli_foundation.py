@@ -144,6 +144,26 @@ def test_bad_problem_gets_one_line_naming_the_field(tmp_path, mutate, expected):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("method", ["auto", "cpsat", "greedy", "milp"])
+def test_memory_deltas_within_the_tolerance_leave_nothing_to_pile_up(tmp_path, method):
+    # F +1, B -0.5, W -0.4999999: 1e-7 short of zero, within the tolerance. Kept as given,
+    # the remainder grew by 1e-7 a microbatch, so at a limit of one forward every schedule
+    # overflowed and the list engine stopped with a traceback.
+    data = good_problem()
+    for stage in data["stages"]:
+        stage["memory"] = {"forward": 1.0, "backward_input": -0.5, "backward_weight": -0.4999999}
+    data["memory_limit"] = 1.0
+    path = write(tmp_path, "p.json", data)
+    result = invoke("solve", path, "--method", method, "--time-limit", 2, "-q", "-o", tmp_path / "s.json")
+    assert result.exit_code == 0, result.output
+    solved = load_schedule(tmp_path / "s.json")  # loading re-validates, memory included
+    assert solved.fits_memory()
+    memory = solved.problem.stages[0].memory
+    # zero up to one float rounding of values of about 1 (the remainder was 1e-7)
+    assert abs(memory.forward + memory.backward_input + memory.backward_weight) <= 1e-15
+    assert memory.backward_weight == -0.4999999  # the larger free (B's) took up the remainder
+
+
 def test_malformed_json_and_missing_file(tmp_path):
     path = write(tmp_path, "broken.json", '{"num_devices": 2,')
     result = invoke("compare", path)
