@@ -36,3 +36,11 @@ def torchrun_world() -> tuple[int, int, int]:
     if not 0 <= local_rank < world_size:
         raise InputError(f"LOCAL_RANK: {local_rank} is out of range for WORLD_SIZE {world_size}")
     return rank, world_size, local_rank
+
+
+def local_world_size(world_size: int) -> int:
+    """How many ranks share this machine (torchrun's LOCAL_WORLD_SIZE; the whole world when unset)."""
+    local = environment_int("LOCAL_WORLD_SIZE", world_size)
+    if not 1 <= local <= world_size:
+        raise InputError(f"LOCAL_WORLD_SIZE: {local} is out of range for WORLD_SIZE {world_size} (1 to {world_size})")
+    return local

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.interrupts import interrupts_deferred
-from runtime.environment import environment_int, torchrun_world, under_torchrun
+from runtime.environment import local_world_size, torchrun_world, under_torchrun
 from runtime.forkserver import rank_context
 
 __all__ = ["LaunchError", "launch", "run_here", "torchrun_world", "under_torchrun"]
@@ -120,7 +120,7 @@ def run_here(job: Job, backend: str = "gloo", threads: int | None = None) -> dic
     """Run `job` as one rank of a torchrun job; rank 0 gets the result."""
     rank, world_size, local_rank = torchrun_world()
     device = rank_device(backend, local_rank)
-    torch.set_num_threads(threads or default_threads(environment_int("LOCAL_WORLD_SIZE", world_size)))
+    torch.set_num_threads(threads or default_threads(local_world_size(world_size)))
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=job.timeout_s), device_id=_device_id(device))
     except (ValueError, RuntimeError) as error:  # e.g. MASTER_ADDR unset, or the rendezvous timed out

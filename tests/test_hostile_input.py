@@ -363,6 +363,12 @@ def cases() -> list[Case]:
             "run-bad-world-size", ["run", "{C}/s.json", "--model", "example"], ["WORLD_SIZE", "two"], env={"RANK": "0", "WORLD_SIZE": "two"}
         ),
         Case(
+            "run-local-world-size-zero",
+            ["run", "{C}/s.json", "--model", "example"],
+            ["LOCAL_WORLD_SIZE", "0 is out of range"],
+            env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "0"},
+        ),
+        Case(
             "profile-tiny-timeout",
             ["profile", "--model", "example", "-p", "2", "-m", "2", "--timeout", "0", "-o", "{O}/p.json"],
             ["--timeout"],
