@@ -21,6 +21,7 @@ import types
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.formats.torch_csv import import_schedule, torchtitan_layout
+from optimizer.interrupts import interrupts_deferred
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 
@@ -87,7 +88,10 @@ def builtin_schedule(problem: Problem, class_name: str) -> Schedule:
 def builtin_schedules(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:
     """Every built-in schedule that applies, keyed by `row_name`, and why the others do not."""
     try:
-        import torch.distributed.pipelining  # noqa: F401
+        # Ctrl-C held while torch loads: one that lands in a C extension's import can come
+        # out as an ImportError (then misreported as torch missing) or worse.
+        with interrupts_deferred():
+            import torch.distributed.pipelining  # noqa: F401
     except ImportError:
         raise InputError("torch: --torch needs torch with torch.distributed.pipelining installed") from None
     schedules: dict[str, Schedule] = {}
