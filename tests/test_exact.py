@@ -7,6 +7,7 @@ import math
 import os
 import random
 import signal
+import sys
 import time
 
 import pytest
@@ -105,6 +106,27 @@ def solve_models_unhinted(problem: Problem, backend: str) -> tuple[float, float]
     for result in (exact, milp):
         assert_valid(simulate(problem, result.orders(sub)))
     return exact.objective / tables.time_scale, milp.objective / tables.time_scale
+
+
+def test_a_back_end_running_past_its_limit_is_stopped_and_leaves_no_solution(tmp_path, monkeypatch):
+    # CBC ran 6.4 s of a 1 s limit on a 384-op model (its preprocessing): a stand-in that
+    # never ends must be stopped at the limit plus the grace, not waited for.
+    import pulp
+
+    from optimizer.exact import milp
+
+    stuck = tmp_path / "stuck_cbc"
+    stuck.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    stuck.chmod(0o755)
+    monkeypatch.setattr(milp, "make_solver", lambda name, limit, threads: pulp.COIN_CMD(path=str(stuck), msg=False, timeLimit=limit))
+    monkeypatch.setattr(milp, "OVERRUN_GRACE_SECONDS", 0.2)
+    problem = zb_problem(2, 2)
+    sub = full_subproblem(problem, integer_tables(problem))
+    began = time.monotonic()
+    result = solve_milp_subproblem(sub, time_limit=0.5, solver="cbc")
+    assert time.monotonic() - began < 30  # far below the stand-in's 60 s (a guard, not a speed target)
+    assert result.status == "unknown" and result.starts is None
+    assert not milp._children_using("pipesched-milp-")  # stopped and reaped
 
 
 @pytest.mark.parametrize("problem", TINY[:2] + TINY[4:])

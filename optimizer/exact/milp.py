@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -84,6 +85,12 @@ def _implied_order(sub: SubProblem) -> list[int]:
 
 
 _HIGHS_IN_ITS_OWN_PROCESS = "highs"
+# The back end gets at least this long, whatever building the model left: with less, CBC
+# finds nothing.
+MIN_SOLVER_SECONDS = 1.0
+# A back end still running this long after its own time limit is stopped, and the
+# incumbent stands: CBC ran 6.4 s of a 1 s limit on a 384-op model (preprocessing).
+OVERRUN_GRACE_SECONDS = 1.0
 
 
 def make_solver(name: str, time_limit: float, threads: int):
@@ -110,7 +117,10 @@ def make_solver(name: str, time_limit: float, threads: int):
 def solve_milp_subproblem(
     sub: SubProblem, *, time_limit: float, solver: str = "cbc", threads: int = 1, seed: int = 0, objective: str = "makespan"
 ) -> MilpResult:
-    """Minimize the makespan (or the longest device span) of `sub` with a big-M MILP."""
+    """Minimize the makespan (or the longest device span) of `sub` with a big-M MILP
+    within `time_limit` seconds from the call (building the model included), with
+    MIN_SOLVER_SECONDS for the back end at least and OVERRUN_GRACE_SECONDS past it at most."""
+    deadline = time.monotonic() + time_limit
     # --- data -------------------------------------------------------------------------
     n = len(sub.ops)
     horizon = sub.horizon(objective)  # valid for the objective, and the big M: see SubProblem.horizon
@@ -211,12 +221,15 @@ def solve_milp_subproblem(
             target.setInitialValue(sub.hint_span())
 
     # --- solve ------------------------------------------------------------------------
-    backend = make_solver(solver, max(1.0, time_limit), threads)
+    # The limit counts from the call: building the model took part of it (about 2 s at 384 ops).
+    left = max(MIN_SOLVER_SECONDS, deadline - time.monotonic())
+    backend = make_solver(solver, left, threads)
+    kill_at = time.monotonic() + left + OVERRUN_GRACE_SECONDS
     began = time.perf_counter()
     if backend is _HIGHS_IN_ITS_OWN_PROCESS:
-        proven, bound, interrupted = _solve_with_highs_worker(model, max(1.0, time_limit), threads, seed)
+        proven, bound, interrupted = _solve_with_highs_worker(model, left, threads, seed, kill_at)
     else:
-        proven, bound, interrupted = _solve_with_pulp(model, backend, solver)
+        proven, bound, interrupted = _solve_with_pulp(model, backend, solver, kill_at)
     seconds = time.perf_counter() - began
 
     # --- read the solution ------------------------------------------------------------
@@ -234,16 +247,22 @@ def solve_milp_subproblem(
     )
 
 
-def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | None, float, bool]:
+def _solve_with_pulp(model: pulp.LpProblem, backend, name: str, kill_at: float) -> tuple[bool | None, float, bool]:
     """(proven optimal or None when no solution, bound, interrupted) from a PuLP back end.
 
     PuLP's command-line back ends (CBC) write model files and start a solver process it
     loses track of when Ctrl-C interrupts its wait: the files go into a folder of ours,
     and on Ctrl-C the processes started with that folder on their command line are killed.
+    So are they at `kill_at` (time.monotonic()): CBC runs past its own time limit when the
+    limit falls in its preprocessing or root LP; killed, it leaves no solution.
     """
     with tempfile.TemporaryDirectory(prefix="pipesched-milp-") as folder:
         if hasattr(backend, "tmpDir"):
             backend.tmpDir = folder
+        # Kill only: PuLP's own wait reaps the process.
+        watchdog = threading.Timer(max(0.0, kill_at - time.monotonic()), _kill_children_using, (folder, False))
+        watchdog.daemon = True
+        watchdog.start()
         try:
             model.solve(backend)
         except KeyboardInterrupt:
@@ -255,6 +274,7 @@ def _solve_with_pulp(model: pulp.LpProblem, backend, name: str) -> tuple[bool | 
             # unknown solver name is refused before, by make_solver).
             return None, 0.0, False
         finally:
+            watchdog.cancel()
             _kill_children_using(folder)  # a no-op after a normal solve
     # A time-limited CBC run reports status Optimal; only sol_status tells a proof apart.
     if model.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
@@ -276,16 +296,20 @@ def _children_using(folder: str) -> list[int]:
     return found
 
 
-def _kill_children_using(folder: str) -> None:
+def _kill_children_using(folder: str, reap: bool = True) -> None:
     for pid in _children_using(folder):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):  # reap it: the Popen object that would have is gone
-            os.waitpid(pid, 0)
+        if reap:
+            with contextlib.suppress(OSError):  # reap it: the Popen object that would have is gone
+                os.waitpid(pid, 0)
 
 
-def _solve_with_highs_worker(model: pulp.LpProblem, time_limit: float, threads: int, seed: int) -> tuple[bool | None, float, bool]:
-    """Solve through highs_worker.py in a fresh interpreter (see its doc for why)."""
+def _solve_with_highs_worker(
+    model: pulp.LpProblem, time_limit: float, threads: int, seed: int, kill_at: float
+) -> tuple[bool | None, float, bool]:
+    """Solve through highs_worker.py in a fresh interpreter (see its doc for why); stopped
+    at `kill_at` (time.monotonic()) without a solution if it is still running then."""
     worker = Path(__file__).with_name("highs_worker.py")
     with tempfile.TemporaryDirectory(prefix="pipesched-highs-") as folder:
         mps, start_file, out = (Path(folder) / name for name in ("model.mps", "start.json", "out.json"))
@@ -301,7 +325,9 @@ def _solve_with_highs_worker(model: pulp.LpProblem, time_limit: float, threads: 
             stderr=subprocess.DEVNULL,
         )
         try:
-            process.wait()
+            process.wait(timeout=max(0.0, kill_at - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return None, 0.0, False  # killed below
         except KeyboardInterrupt:
             process.kill()
             process.wait()
