@@ -76,6 +76,21 @@ def test_problem_solve_validate_show_round_trip(tmp_path):
     assert len(complete_events) == sum(len(d) for d in schedule.devices)
 
 
+def test_pictures_of_a_schedule_with_a_hostile_method_name_are_well_formed(tmp_path):
+    import xml.etree.ElementTree as ElementTree
+
+    data = _solved(tmp_path)
+    data["method"] = "x<b>&\"'</title>]]>\u0007\u001b[31m\u202e"
+    path = write(tmp_path, "evil.json", data)
+    svg, page = tmp_path / "evil.svg", tmp_path / "evil.html"
+    assert invoke("show", path, "--output", svg).exit_code == 0
+    assert invoke("show", path, "--output", page).exit_code == 0
+    root = ElementTree.parse(svg).getroot()  # a raw BEL or ESC is not allowed in XML 1.0
+    title = "".join(root.itertext())
+    assert "x<b>&\"'</title>]]>\\x07\\x1b[31m" in title  # escaped as on the command line
+    assert "\x07" not in page.read_text() and "\x1b" not in page.read_text()
+
+
 def test_vshape_and_interleaved_placements(tmp_path):
     for placement, stages in (("vshape", 8), ("interleaved:3", 12)):
         path = tmp_path / f"{placement.replace(':', '')}.json"

@@ -11,6 +11,7 @@ import html
 import math
 
 from optimizer.formats import ScheduleFormat
+from optimizer.io import printable
 from optimizer.ops import VOCAB_KINDS, op_label
 from optimizer.schedule import Schedule, memory_curve
 
@@ -109,7 +110,9 @@ def gantt_svg(schedule: Schedule) -> str:
 
 def title(schedule: Schedule) -> str:
     m = schedule.metrics
-    text = f"{schedule.method}: makespan {m.makespan:.6g}, bubble {m.bubble_ratio:.1%}, peak memory {max(m.peak_memory, default=0):.4g}"
+    # The method is read from a file: a control character in it would make the SVG
+    # ill-formed XML (and reach a terminal), so it is escaped as on the command line.
+    text = f"{printable(schedule.method)}: makespan {m.makespan:.6g}, bubble {m.bubble_ratio:.1%}, peak memory {max(m.peak_memory, default=0):.4g}"
     if m.lower_bound is not None and m.gap is not None:
         text += f", lower bound {m.lower_bound:.6g} (gap {m.gap:.2%})"
     return text
