@@ -393,11 +393,14 @@ def solve(
         if certify > 0:
             raise InputError(f"--certify: only with --method auto, cpsat or milp; {method} is a schedule family")
         from optimizer.schedules import generate
+        from optimizer.schedules.listengine import check_memory_feasible
 
         schedule = generate(loaded, method)
         if not schedule.fits_memory():
+            check_memory_feasible(loaded)  # where no schedule fits, say which limit would
             over = _memory_overflow(schedule)
-            raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method greedy or auto")
+            others = "auto" if method == "greedy" else "greedy or auto"
+            raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method {others}")
     with interrupts_deferred():
         save_schedule(schedule, output)
     _print_metrics(schedule, as_json)

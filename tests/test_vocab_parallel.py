@@ -297,3 +297,16 @@ def test_a_memory_aware_family_names_the_whole_problems_smallest_limit(family):
     assert problem.min_memory_limit() == [2.5, 2.5]
     with pytest.raises(InfeasibleError, match=r"needs 2\.5 > limit 2\b.*smallest limit that fits is 2\.5"):
         generate(problem, family)
+
+
+def test_greedy_names_the_smallest_limit_where_the_passes_leave_the_base_no_memory():
+    # Lowered by the passes' memory (5) the limit (5) leaves the base problem no valid limit,
+    # so greedy built for the limit itself and the passes were then placed ignoring it:
+    # greedy, which never exceeds the limit, returned a schedule with peak 9.
+    problem = uniform_problem(2, 4, memory_limit=5.0)
+    problem = problem_from_json({**problem.model_dump(mode="json"), "vocab_parallel": {"forward": 1.0, "backward": 1.0, "memory": 5.0}})
+    assert problem.min_memory_limit() == [6.0, 6.0]
+    with pytest.raises(InfeasibleError, match=r"needs 6 > limit 5\b.*smallest limit that fits is 6"):
+        generate(problem, "greedy")
+    roomier = problem_from_json({**problem.model_dump(mode="json"), "memory_limit": 6.0})
+    assert generate(roomier, "greedy").fits_memory()

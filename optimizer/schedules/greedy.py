@@ -71,4 +71,5 @@ GENERATOR = Generator(
     sliced_support,
     slices=True,
     build_by=lambda problem, deadline, keep, abandoned: greedy(problem, deadline, keep),
+    within_limit=True,
 )

@@ -43,9 +43,11 @@ class Generator:
     alias: bool = False
     vocab_only: bool = False  # applies only to problems with vocabulary parallelism
     build_by: Callable[[Problem, float, Keep | None, Abandoned | None], Orders] | None = None
+    # Never returns orders over the memory limit: raises InfeasibleError instead (greedy).
+    within_limit: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "build", _with_vocab_passes(self.build))
+        object.__setattr__(self, "build", _with_vocab_passes(self.build, within_limit=self.within_limit))
 
     def build_within(self, problem: Problem, deadline: float, keep: Keep | None = None, abandoned: Abandoned | None = None) -> Orders:
         """The family's orders, from the build that stops at `deadline` where it has one
@@ -56,10 +58,14 @@ class Generator:
         build_by = self.build_by
         if build_by is None:
             # `build` weaves passes itself, but on the problem without them it builds plainly.
-            return _with_vocab_passes(self.build, deadline)(problem)
+            return _with_vocab_passes(self.build, deadline, within_limit=self.within_limit)(problem)
         if problem.vocab_parallel is not None:
             keep = None
-        return _with_vocab_passes(lambda plain: build_by(plain, deadline, keep, abandoned), deadline)(problem)
+
+        def plain_build(plain: Problem) -> Orders:
+            return build_by(plain, deadline, keep, abandoned)
+
+        return _with_vocab_passes(plain_build, deadline, within_limit=self.within_limit)(problem)
 
     def reason(self, problem: Problem) -> str | None:
         """Why the family does not apply to `problem` (None: it does), slices included."""
@@ -70,10 +76,14 @@ class Generator:
         return self.unsupported(problem.without_vocab())
 
 
-def _with_vocab_passes(build: Callable[[Problem], Orders], deadline: float | None = None) -> Callable[[Problem], Orders]:
+def _with_vocab_passes(
+    build: Callable[[Problem], Orders], deadline: float | None = None, *, within_limit: bool = False
+) -> Callable[[Problem], Orders]:
     def built(problem: Problem) -> Orders:
         if problem.vocab_parallel is None:
             return build(problem)
+        from optimizer.schedule import orders_fit
+        from optimizer.schedules.listengine import check_memory_feasible
         from optimizer.schedules.vocab_passes import base_problem, with_vocab_passes  # it builds on this module
 
         try:
@@ -81,11 +91,15 @@ def _with_vocab_passes(build: Callable[[Problem], Orders], deadline: float | Non
         except InfeasibleError:
             # The base problem's limit is lowered by the passes' memory: where the whole
             # problem does not fit either, say so in its own numbers.
-            from optimizer.schedules.listengine import check_memory_feasible
-
             check_memory_feasible(problem)
             raise
-        return with_vocab_passes(problem, base_orders, deadline)
+        orders = with_vocab_passes(problem, base_orders, deadline)
+        if within_limit and not orders_fit(problem, orders):
+            # No way of weaving the passes into the base fits (the passes are then placed
+            # ignoring the limit): say which limit would fit, or that this base does not.
+            check_memory_feasible(problem)
+            raise InfeasibleError("memory_limit: the vocabulary passes do not fit the limit woven into this order; try --method auto")
+        return orders
 
     return built
 
