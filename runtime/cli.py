@@ -206,7 +206,7 @@ def profile(
     timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch threads per rank; default cores / ranks."),
     memory_limit: float | None = typer.Option(
-        None, "--memory-limit", min=0.0, help="Activation memory per device in GiB, written into the problem; default unlimited."
+        None, "--memory-limit", help="Activation memory per device in GiB (positive), written into the problem; default unlimited."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the problem as JSON too."),
     per_layer: bool = typer.Option(
@@ -225,10 +225,13 @@ def profile(
     """
     # Options, environment and the output path are checked before torch loads.
     from optimizer.io import check_outputs, validate_model, write_json_atomic
-    from optimizer.problem import Problem, check_size, placement_devices
+    from optimizer.problem import MAX_VALUE, Problem, check_size, placement_devices
 
     _check_options(timeout, backend, threads)
-    finite_option("--memory-limit", memory_limit)
+    # All but the limit's comparison with the measured forwards is checked before measuring.
+    finite_option("--memory-limit", memory_limit, high=MAX_VALUE)
+    if memory_limit is not None and memory_limit <= 0:
+        raise InputError(f"--memory-limit: must be positive, got {memory_limit:g}")
     try:
         check_size(devices, None, microbatches)
     except ValueError as error:

@@ -368,6 +368,17 @@ def cases() -> list[Case]:
             ["LOCAL_WORLD_SIZE", "0 is out of range"],
             env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "0"},
         ),
+        # Refused before measuring (they were only after it, seconds later).
+        Case(
+            "profile-memory-limit-zero",
+            ["profile", "--model", "example", "-p", "2", "-m", "2", "--memory-limit", "0", "-o", "{O}/p.json"],
+            ["--memory-limit", "must be positive"],
+        ),
+        Case(
+            "profile-memory-limit-huge",
+            ["profile", "--model", "example", "-p", "2", "-m", "2", "--memory-limit", "1e300", "-o", "{O}/p.json"],
+            ["--memory-limit", "at most 1e+12"],
+        ),
         Case(
             "profile-tiny-timeout",
             ["profile", "--model", "example", "-p", "2", "-m", "2", "--timeout", "0", "-o", "{O}/p.json"],
