@@ -43,8 +43,13 @@ MAX_JSON_CONTAINERS = 60_000
 
 
 def one_line(text: str) -> str:
-    """Messages reach the user as one line, even when they quote a name with a newline."""
-    return " ".join(str(text).split("\n")).replace("\r", " ")
+    """Messages reach the user as one line, even when they quote a name with a newline, and
+    with any other control character they quote (an option's value, a file's cell) escaped."""
+    return _escaped(" ".join(str(text).split("\n")).replace("\r", " "))
+
+
+def _escaped(text: str) -> str:
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def clipped(text: str, most: int = 40) -> str:
@@ -55,7 +60,7 @@ def clipped(text: str, most: int = 40) -> str:
 def printable(text: str, most: int = 80) -> str:
     """A name read from a file, safe to print on a terminal: control characters (escape
     sequences, newlines) escaped, at most `most` characters."""
-    return clipped("".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text), most)
+    return clipped(_escaped(text), most)
 
 
 def describe_validation_error(error: ValidationError) -> str:

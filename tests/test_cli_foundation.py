@@ -179,6 +179,20 @@ def test_memory_deltas_within_the_tolerance_leave_nothing_to_pile_up(tmp_path, m
     assert memory.backward_weight == -0.4999999  # the larger free (B's) took up the remainder
 
 
+def test_control_characters_quoted_in_an_error_are_escaped(tmp_path):
+    # A terminal would run an escape sequence quoted from an option or a file's cell.
+    problem = write(tmp_path, "p.json", good_problem())
+    result = invoke("solve", problem, "--method", "x\x1b[31m\x07", "-o", tmp_path / "s.json")
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert "'x\\x1b[31m\\x07'" in line and "\x1b" not in line and "\x07" not in line
+    csv = write(tmp_path, "s.csv", "0F0,0B3\x1b[31m\n1F0\n")
+    result = invoke("import", csv, "--problem", problem, "-o", tmp_path / "i.json")
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert "'0B3\\x1b[31m'" in line and "\x1b" not in line
+
+
 def test_malformed_json_and_missing_file(tmp_path):
     path = write(tmp_path, "broken.json", '{"num_devices": 2,')
     result = invoke("compare", path)

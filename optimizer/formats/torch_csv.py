@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
-from optimizer.io import clipped
+from optimizer.io import printable
 from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -101,21 +101,21 @@ def parse_cell(text: str, where: str) -> tuple[list[Op], bool, int]:
     overlap = _OVERLAP.match(text)
     parts = [part.strip() for part in overlap.group(1).split(";")] if overlap else [text]
     if "" in parts:
-        raise InputError(f"{where}: '{clipped(text)}' has an empty action in its overlapped pair")
+        raise InputError(f"{where}: '{printable(text)}' has an empty action in its overlapped pair")
     ops: list[Op] = []
     skipped = 0
     for part in parts:
         match = _ACTION.match(part)
         if match is None:
-            raise InputError(f"{where}: '{clipped(text)}' is not a torch action like 2F0, 2I0, 2W0, 2B0 or (0F7;7B3)OVERLAP_F_B")
+            raise InputError(f"{where}: '{printable(text)}' is not a torch action like 2F0, 2I0, 2W0, 2B0 or (0F7;7B3)OVERLAP_F_B")
         stage, letter, microbatch = match.groups()
         if letter in _SKIPPED_KINDS:
             skipped += 1
             continue
         if not microbatch:
-            raise InputError(f"{where}: '{part}' has no microbatch number")
+            raise InputError(f"{where}: '{printable(part)}' has no microbatch number")
         if max(len(stage), len(microbatch)) > MAX_DIGITS:
-            raise InputError(f"{where}: '{clipped(part)}' has a stage or microbatch number longer than {MAX_DIGITS} digits")
+            raise InputError(f"{where}: '{printable(part)}' has a stage or microbatch number longer than {MAX_DIGITS} digits")
         ops.append(Op(OUR_KIND[letter], int(stage), int(microbatch)))
     return ops, overlap is not None, skipped
 
