@@ -215,6 +215,26 @@ def test_schedule_of_another_format_is_refused(tmp_path):
     assert not (tmp_path / "x.svg").exists()
 
 
+@pytest.mark.parametrize(
+    "metrics, expected",
+    [
+        ({"lower_bound": -1e308}, "metrics.lower_bound: Input should be greater than or equal to 0"),
+        ({"gap": 1e308}, "metrics.gap: Input should be less than or equal to 1"),
+        ({"status": "optimal\u001b[31m"}, "metrics.status: Input should be 'optimal', 'feasible' or 'heuristic'"),
+        ({"solve_seconds": -1.0}, "metrics.solve_seconds: Input should be greater than or equal to 0"),
+        ({"method_won": "x" * 5000}, "metrics.method_won: String should have at most 1000 characters"),
+    ],
+)
+def test_a_schedules_metrics_out_of_their_range_are_refused(tmp_path, metrics, expected):
+    # validate printed "lower bound -1e+308, gap inf%" and export copied them on.
+    data = _solved(tmp_path)
+    data["metrics"].update(metrics)
+    path = write(tmp_path, "bad.json", data)
+    result = invoke("validate", path)
+    assert result.exit_code == 2
+    assert expected in one_error_line(result)
+
+
 def _solved(tmp_path: Path, limit: float | None = None) -> dict:
     problem = uniform_problem(2, 2, memory_limit=limit)
     write(tmp_path, "p.json", problem.model_dump(mode="json"))

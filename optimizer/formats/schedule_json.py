@@ -28,6 +28,9 @@ VERSIONS = (1, 2, 3)
 
 # Times of a schedule at the size limit: MAX_OPS ops of at most MAX_VALUE each.
 _MAX_TIME = MAX_VALUE * MAX_OPS
+# Names the optimizer writes (the method, the phase that won: nested, as
+# "lns(local(stretch(...)))") stay far below this.
+_MAX_NAME = 1000
 
 
 class _OpRecord(BaseModel):
@@ -41,12 +44,15 @@ class _OpRecord(BaseModel):
 
 
 class _MetricsRecord(BaseModel):
+    # What the optimizer adds (the rest is computed again on loading); other keys are kept
+    # for newer writers. Ranges as the optimizer writes them: a bound is a time, a gap a
+    # share of the makespan.
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
-    lower_bound: float | None = None
-    gap: float | None = None
-    status: str | None = None
-    method_won: str | None = None
-    solve_seconds: float | None = None
+    lower_bound: float | None = Field(default=None, ge=0, le=_MAX_TIME)
+    gap: float | None = Field(default=None, ge=0, le=1)
+    status: Literal["optimal", "feasible", "heuristic"] | None = None
+    method_won: str | None = Field(default=None, max_length=_MAX_NAME)
+    solve_seconds: float | None = Field(default=None, ge=0, le=MAX_VALUE)
 
 
 class _ScheduleRecord(BaseModel):
@@ -54,7 +60,7 @@ class _ScheduleRecord(BaseModel):
     format: Literal["pipesched.schedule"]
     version: Literal[1, 2, 3]
     problem: Problem
-    method: str
+    method: str = Field(max_length=_MAX_NAME)
     devices: list[list[_OpRecord]]
     metrics: _MetricsRecord = _MetricsRecord()
 
