@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optimizer.errors import InputError, PipeschedError
+from optimizer.formats.choose import choose_format, refuse_other_format
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.interrupts import interrupts_deferred
 from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs
@@ -212,6 +213,7 @@ def problem(
     if slice_overhead < 0:
         raise InputError(f"--slice-overhead: must be >= 0, got {slice_overhead:g}")
     check_outputs([output])
+    refuse_other_format(output, "a problem")
     from optimizer.slicing import slice_model, with_slices  # numpy: only when a problem is built
 
     model = slice_model(
@@ -274,6 +276,7 @@ def layers(
     if tflops <= 0 or bandwidth <= 0:
         raise InputError("--tflops and --bandwidth must be positive")
     check_outputs([output])
+    refuse_other_format(output, "a layers file")
     sizes = DecoderSizes(blocks, hidden, vocab, sequence, batch, heads, flash_attention, tflops, bandwidth, bytes_per_parameter, comm)
     profile = decoder_layers(sizes)
     write_json_atomic(output, layers_to_json(profile))
@@ -345,6 +348,7 @@ def solve(
     finite_option("--memory-limit", memory_limit, low=0.0)
     barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
     check_outputs([output], [problem_file])
+    refuse_other_format(output, "a schedule")
     data = read_json(problem_file)
     if is_layers_data(data):
         from optimizer.balance_report import solve_layers
@@ -537,7 +541,10 @@ def pareto(
     finite_option("--seed", seed, low=SEED_RANGE[0], high=SEED_RANGE[1])
     values = parse_limits(limits)
     check_outputs([output, plot], [problem_file])
+    refuse_other_format(output, "the curve")
     if plot is not None:
+        if not Path(plot).name.lower().endswith(".svg"):
+            raise InputError(f"{plot}: the plot is an SVG picture; name it .svg")
         from optimizer.formats.pareto_svg import require_matplotlib
 
         require_matplotlib("--plot")
@@ -693,7 +700,6 @@ def show(
     format_name: str | None = typer.Option(None, "--format", help="svg, html or chrome-trace (default: from the output's name)."),
 ) -> None:
     """Draw a schedule: Gantt chart and memory curves (SVG/HTML) or a Chrome/Perfetto trace."""
-    from optimizer.formats.choose import choose_format
     from optimizer.io import write_text_atomic
 
     check_outputs([output], [schedule_file])
@@ -729,7 +735,6 @@ def export(
 ) -> None:
     """Write a schedule in a named format: torch-csv runs in torch's _PipelineScheduleRuntime and torchtitan."""
     from optimizer.formats import torch_csv
-    from optimizer.formats.choose import choose_format
     from optimizer.io import write_text_atomic
 
     check_outputs([output], [schedule_file])

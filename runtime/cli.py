@@ -224,6 +224,7 @@ def profile(
     layers' parameter memory) from which `solve` chooses the split.
     """
     # Options, environment and the output path are checked before torch loads.
+    from optimizer.formats.choose import refuse_other_format
     from optimizer.io import check_outputs, validate_model, write_json_atomic
     from optimizer.problem import MAX_VALUE, Problem, check_size, placement_devices
 
@@ -246,6 +247,7 @@ def profile(
         placement = f"interleaved:{len(layer_list)}"
     num_stages = len(placement_devices(placement, devices))
     check_outputs([output])
+    refuse_other_format(output, "a layers file" if per_layer else "a problem")
     if _world_size(devices) != devices:
         raise InputError(f"devices: {devices}, but torchrun started {os.environ['WORLD_SIZE']} ranks")
     with interrupts_deferred():

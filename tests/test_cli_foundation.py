@@ -193,6 +193,26 @@ def test_control_characters_quoted_in_an_error_are_escaped(tmp_path):
     assert "'0B3\\x1b[31m'" in line and "\x1b" not in line
 
 
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["solve", "{P}", "--method", "1f1b", "-o", "{T}/s.svg"], "s.svg: a .svg name, but this writes a schedule as JSON"),
+        (["problem", "-p", 2, "-m", 2, "-o", "{T}/p.png"], "p.png: a .png name, but this writes a problem as JSON"),
+        (["layers", "-o", "{T}/l.csv"], "l.csv: a .csv name, but this writes a layers file as JSON"),
+        (["pareto", "{P}", "--limits", "2", "-o", "{T}/c.svg"], "c.svg: a .svg name, but this writes the curve as JSON"),
+        (["pareto", "{P}", "--limits", "2", "-o", "{T}/c.json", "--plot", "{T}/c.png"], "c.png: the plot is an SVG picture"),
+    ],
+)
+def test_a_json_output_named_like_another_format_is_refused(tmp_path, args, expected):
+    # They wrote JSON into the .svg, .png or .csv (exit 0): a user opening it finds no picture.
+    problem = write(tmp_path, "p.json", good_problem())
+    filled = [str(a).replace("{P}", str(problem)).replace("{T}", str(tmp_path)) for a in args]
+    result = invoke(*filled)
+    assert result.exit_code == 2
+    assert expected in one_error_line(result)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["p.json"]  # nothing written
+
+
 def test_malformed_json_and_missing_file(tmp_path):
     path = write(tmp_path, "broken.json", '{"num_devices": 2,')
     result = invoke("compare", path)

@@ -40,3 +40,24 @@ def choose_format(
         others = " or ".join(f"{known[key].suffix} ({key})" for key in names)
         raise InputError(f"{output}: a {chosen.suffix} file is a {chosen.name}; this command writes {others}, or give --format")
     return chosen
+
+
+# Pictures and documents outside pipesched's formats that a JSON file must not be named as.
+_OTHER_SUFFIXES = (".png", ".jpg", ".jpeg", ".pdf")
+
+
+def refuse_other_format(output: str | Path | None, writes: str) -> None:
+    """Refuse an output named like another format (`solve -o s.svg` would be JSON in an
+    .svg): the commands that write one kind of JSON (a problem, a layers file, a schedule,
+    a Pareto curve) have no other format to pick. A name with no known suffix is taken
+    (a device, a pipe)."""
+    if output is None:
+        return
+    file_name = Path(output).name.lower()
+    suffixes = [f.suffix for f in formats().values() if not f.suffix.endswith(".json")] + list(_OTHER_SUFFIXES)
+    matched = [suffix for suffix in suffixes if file_name.endswith(suffix)]
+    if matched:
+        suffix = max(matched, key=len)
+        raise InputError(
+            f"{output}: a {suffix} name, but this writes {writes} as JSON (name it .json; pictures and other formats: pipesched show or export)"
+        )
