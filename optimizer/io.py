@@ -185,12 +185,25 @@ def _refuse_oversized(text: str, source: str) -> None:
         raise InputError(f"{source}: about {values} JSON values is more than the {MAX_JSON_VALUES} pipesched reads (README, Size limits)")
 
 
+# Digits of the longest integer read: far beyond any field's range (counts, sizes, seeds).
+_MAX_INT_DIGITS = 30
+
+
+def _short_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_INT_DIGITS:
+        raise _BadJson(f"an integer of {digits} digits is out of range for every field")
+    return int(text)
+
+
 def parse_json(text: str, source: str) -> object:
     """Strict JSON: finite numbers only, no duplicate keys, no lone surrogates in strings,
     no more values than any valid input holds; errors name `source`."""
     _refuse_oversized(text, source)
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant, parse_float=_finite_float)
+        data = json.loads(
+            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_short_int
+        )
         if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(data)) is not None:
             raise _BadJson(f"a string holds an unpaired UTF-16 surrogate ({bad[:20]!a})")
         return data

@@ -191,7 +191,9 @@ def parse_options(options: str) -> tuple[SyntheticConfig, str | None]:
             number = float(value) if kinds[key] == "float" else int(value)
         except ValueError:
             raise InputError(f"model: synthetic option {key}='{value}' is not a number") from None
-        if not number >= (0 if key == "seed" else 1e-12) or number == float("inf"):
+        if key == "seed" and number < 0:
+            raise InputError(f"model: synthetic option seed={value} must be 0 or more")
+        if key != "seed" and (not number >= 1e-12 or number == float("inf")):
             raise InputError(f"model: synthetic option {key}={value} must be positive and finite")
         values[key] = number
     return SyntheticConfig(**values), problem_path

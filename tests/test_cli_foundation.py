@@ -328,3 +328,31 @@ def test_help_lists_every_family_with_its_summary():
         for name in GENERATORS:
             assert f"{name}: " in text, (command, name)
         assert "F&B overlap is not modelled" in text
+
+
+def test_the_chart_scales_to_any_time_unit():
+    # Times of 1e-300 were drawn at one x (the span was floored at 1e-12).
+    import re
+
+    from optimizer.formats.gantt_svg import gantt_svg
+    from optimizer.schedules import generate
+
+    for unit in (1e-300, 1.0, 1e9):
+        problem = uniform_problem(2, 4, forward=unit, backward_input=unit, backward_weight=unit)
+        svg = gantt_svg(generate(problem, "1f1b"))
+        starts = {float(x) for x in re.findall(r'<rect x="([0-9.]+)" y="[0-9.]+" width="[0-9.]+" height="[0-9.]+" fill="#', svg)}
+        assert len(starts) >= 10, (unit, sorted(starts))
+
+
+def test_a_huge_integer_is_named_out_of_range_and_a_csv_may_start_with_a_byte_order_mark(tmp_path):
+    # Python's own advice ("use sys.set_int_max_str_digits()") was the message before.
+    path = write(tmp_path, "big.json", '{"num_devices": 2, "num_microbatches": ' + "9" * 5000 + "}")
+    result = invoke("validate", path)
+    assert result.exit_code == 2
+    assert "an integer of 5000 digits is out of range for every field" in one_error_line(result)
+    # Spreadsheet programs start a UTF-8 CSV with a byte order mark; it was refused.
+    problem = write(tmp_path, "p.json", uniform_problem(2, 2).model_dump(mode="json"))
+    csv = write(tmp_path, "s.csv", "\ufeff0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+    result = invoke("import", csv, "--problem", problem, "-o", tmp_path / "s.json")
+    assert result.exit_code == 0, result.output
+    assert load_schedule(tmp_path / "s.json").makespan > 0

@@ -121,6 +121,8 @@ def test_synthetic_needs_a_problem_and_checks_its_options(tmp_path):
         load_model("synthetic:width=x", 2, problem())
     with pytest.raises(InputError, match="mib_per_unit=nan must be positive and finite"):
         load_model("synthetic:mib_per_unit=nan", 2, problem())
+    with pytest.raises(InputError, match="seed=-1 must be 0 or more"):
+        load_model("synthetic:seed=-1", 2, problem())
     with pytest.raises(InputError, match="problem has 2 stages, the schedule 4"):
         load_model("synthetic", 4, problem())
     with pytest.raises(InputError, match="no such file"):

@@ -36,7 +36,8 @@ def gantt_svg(schedule: Schedule) -> str:
     tables = problem.tables()
     ops = [op for device in schedule.devices for op in device]
     start = min((op.start for op in ops), default=0.0)
-    span = max(schedule.metrics.makespan, 1e-12)
+    # Scaled to the schedule whatever its unit (times of 1e-300 are drawn as any others).
+    span = schedule.metrics.makespan if schedule.metrics.makespan > 0 else 1.0
     p = problem.num_devices
     gantt_height = p * _ROW
     memory_top = 40 + gantt_height + _GAP
@@ -83,7 +84,7 @@ def gantt_svg(schedule: Schedule) -> str:
         limit = tables.limit[d]
         curve = memory_curve(tables, device)
         peak = max((usage for _, usage in curve), default=0.0)
-        scale_max = max(peak, limit if math.isfinite(limit) else 0.0, 1e-12)
+        scale_max = max(peak, limit if math.isfinite(limit) else 0.0) or 1.0
         parts.append(f'<text x="4" y="{top + _MEM_ROW / 2}">device {d}</text>')
         parts.append(f'<text x="4" y="{top + _MEM_ROW / 2 + 13}" fill="#555">peak {peak:.4g}</text>')
         parts.append(f'<rect x="{_LEFT}" y="{top}" width="{_WIDTH - _LEFT - 10}" height="{_MEM_ROW}" fill="#fafafa" stroke="#ddd"/>')

@@ -131,6 +131,9 @@ def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> Impo
         raise InputError(f"{source}: {NAME} has no token slices; the problem has {problem.num_slices} per microbatch")
     if problem.vocab_parallel is not None:
         raise InputError(f"{source}: {NAME} has no vocabulary passes (S, T); the problem has vocab_parallel")
+    # A byte order mark, as spreadsheet programs write at the start of a UTF-8 CSV (JSON
+    # files with one are read too).
+    text = text.removeprefix("\ufeff")
     # A rank's row holds its compute actions and torch's communication actions around
     # them (a few per op); a CSV with many more cells than that is refused before parsing.
     cells = text.count(",") + text.count(";") + text.count("\n") + 1
