@@ -78,6 +78,8 @@ def user_errors(command: Command) -> Command:
 INTERRUPTED = 130
 # The longest --time-limit taken (about 11 days): any finite number beyond is a typo.
 MAX_TIME_LIMIT = 1e6
+# The shortest: below it not even the known schedules are built.
+MIN_TIME_LIMIT = 0.01
 # CP-SAT takes a 32-bit seed.
 SEED_RANGE = (-(2**31), 2**31 - 1)
 # CP-SAT workers: beyond this a run only slows down (and a typo could start thousands of threads).
@@ -292,7 +294,7 @@ def solve(
     method: str = typer.Option("auto", help="auto | cpsat | milp, or a schedule family (see `compare`)."),
     output: Path = typer.Option(..., "--output", "-o", help="Schedule JSON to write."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
-    time_limit: float = typer.Option(60.0, "--time-limit", min=0.01, help="Seconds for the optimizer (auto, cpsat, milp)."),
+    time_limit: float = typer.Option(60.0, "--time-limit", help="Seconds for the optimizer (auto, cpsat, milp); at least 0.01."),
     objective: str = typer.Option("makespan", help="makespan | span (longest single-device span)."),
     solver: str | None = typer.Option(None, help="MILP back end for --method milp: cbc (default), highs, or a PuLP solver name."),
     seed: int = typer.Option(0, help="Random seed of the optimizer."),
@@ -301,7 +303,6 @@ def solve(
     certify: float = typer.Option(
         0.0,
         "--certify",
-        min=0.0,
         help="Seconds after --time-limit for the fluid bound (every device at once) to raise the lower bound and cut the gap.",
     ),
     devices: int | None = typer.Option(None, "--devices", "-p", min=1, help="Layers file only: pipeline devices."),
@@ -338,10 +339,10 @@ def solve(
     from optimizer.io import read_json
     from optimizer.layers import is_layers_data
 
-    finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
+    finite_option("--time-limit", time_limit, low=MIN_TIME_LIMIT, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
     finite_option("--seed", seed, low=SEED_RANGE[0], high=SEED_RANGE[1])
-    finite_option("--certify", certify, high=MAX_TIME_LIMIT)
+    finite_option("--certify", certify, low=0.0, high=MAX_TIME_LIMIT)
     if solver is not None and method != "milp":
         raise InputError(f"--solver: only for --method milp (it picks the MILP back end), not --method {method}")
     solver = solver or "cbc"
@@ -520,7 +521,7 @@ class _ProgressLine:
 def pareto(
     problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to sweep (its memory limit is replaced)."),
     limits: str = typer.Option(..., help="Memory limits LOW:HIGH:STEP, e.g. 2:8:0.5 (the problem's memory unit)."),
-    time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="Seconds per limit."),
+    time_limit: float = typer.Option(10.0, "--time-limit", help="Seconds per limit; at least 0.01."),
     output: Path = typer.Option(..., "--output", "-o", help="Curve JSON to write."),
     plot: Path | None = typer.Option(None, help="Also draw the curve as SVG here."),
     seed: int = typer.Option(0, help="Random seed of the optimizer."),
@@ -536,7 +537,7 @@ def pareto(
         from optimizer.exact import pareto as sweep
         from optimizer.formats import get_format
 
-    finite_option("--time-limit", time_limit, high=MAX_TIME_LIMIT)
+    finite_option("--time-limit", time_limit, low=MIN_TIME_LIMIT, high=MAX_TIME_LIMIT)
     finite_option("--threads", threads, high=MAX_THREADS)
     finite_option("--seed", seed, low=SEED_RANGE[0], high=SEED_RANGE[1])
     values = parse_limits(limits)

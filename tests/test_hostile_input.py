@@ -261,14 +261,17 @@ def cases() -> list[Case]:
             ["--hidden"],
         ),
         Case("problem-unknown-option", ["problem", "-p", "2", "-m", "4", "--bogus", "-o", "{O}/p.json"], ["--bogus"]),
-        Case("solve-time-limit-nan", ["solve", "{C}/p.json", "--time-limit", "nan", "-o", "{O}/s.json"], ["--time-limit"]),
+        Case("solve-time-limit-nan", ["solve", "{C}/p.json", "--time-limit", "nan", "-o", "{O}/s.json"], ["--time-limit", "finite"]),
+        Case("solve-certify-nan", ["solve", "{C}/p.json", "--certify", "nan", "-o", "{O}/s.json"], ["--certify", "finite"]),
         Case("solve-time-limit-inf", ["solve", "{C}/p.json", "--time-limit", "inf", "-o", "{O}/s.json"], ["--time-limit"]),
         Case("solve-threads-huge", ["solve", "{C}/p.json", "--threads", "100000", "-o", "{O}/s.json"], ["--threads"]),
         Case("pareto-limits-nan", ["pareto", "{C}/p.json", "--limits", "nan:4:1", "-o", "{O}/c.json"], ["limits"]),
         Case("pareto-limits-inf", ["pareto", "{C}/p.json", "--limits", "1:inf:1", "-o", "{O}/c.json"], ["limits"]),
         Case("pareto-limits-tiny-step", ["pareto", "{C}/p.json", "--limits", "1:1e308:1e-308", "-o", "{O}/c.json"], ["limits"]),
         Case(
-            "pareto-time-limit-nan", ["pareto", "{C}/p.json", "--limits", "2", "--time-limit", "nan", "-o", "{O}/c.json"], ["--time-limit"]
+            "pareto-time-limit-nan",
+            ["pareto", "{C}/p.json", "--limits", "2", "--time-limit", "nan", "-o", "{O}/c.json"],
+            ["--time-limit", "finite"],
         ),
         # outputs
         Case("problem-output-folder", ["problem", "-p", "2", "-m", "4", "-o", "{C}/folder.json"], ["folder.json", "directory"]),
