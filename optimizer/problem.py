@@ -53,8 +53,8 @@ class StageMemory(_Strict):
 
     The three must sum to zero within _SUM_TOLERANCE (relative to the allocation); the
     larger of B's and W's changes then takes up the rest, so that they sum to zero up to
-    float rounding. A remainder left in place would pile up one microbatch after another: 1e-7 a
-    microbatch at a limit of one forward's allocation made every schedule overflow.
+    float rounding. A remainder left in place would pile up one microbatch after another:
+    1e-7 a microbatch, at a limit of one forward's allocation, made every schedule overflow.
     """
 
     forward: Annotated[float, Field(ge=0, le=MAX_VALUE)]
