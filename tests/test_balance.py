@@ -16,6 +16,7 @@ from optimizer.exact import SolveOptions, solve
 from optimizer.formats.megatron_layout import expand_layout, layout_for, parse_layout
 from optimizer.layer_costs import DecoderSizes, decoder_layers
 from optimizer.layers import FORMAT, VERSION, layers_from_json
+from optimizer.problem import problem_from_json
 from optimizer.split import (
     Placement,
     SplitInfeasible,
@@ -197,11 +198,28 @@ def test_layout_parser_reads_the_documented_examples():
     assert stages[0] == "Ettt" and stages[1] == "tt" and stages[30] == "m" and stages[31] == "L"
     assert parse_layout("E||t|L", 2) == ["E", "", "t", "L"]
     assert expand_layout("(t*2|)*2,L") == "tt|tt|L"
-    for bad, rule in (("tE|L", "'E' must be the first"), ("E|L|t|t", "'L' must be the last"), ("E|t|L", "multiple of the pipeline size")):
+    for bad, rule in (
+        ("tE|L", "'E' must be the first"),
+        ("E|L|t|t", "'L' must be the last"),
+        ("E|t|L", "multiple of the pipeline size"),
+        ("t|L", "'E' appears 0 times"),  # Megatron needs both, once each
+        ("E|t", "'L' appears 0 times"),
+    ):
         with pytest.raises(InputError, match=rule):
             parse_layout(bad, 2)
     with pytest.raises(InputError, match="transformer layers"):
         parse_layout("Et|tL", 2, num_layers=3)
+
+
+def test_a_split_without_its_loss_layer_is_not_exported_as_a_layout_megatron_refuses():
+    # It was written as "Et*3|t*3"; Megatron's layout check needs E first and L last.
+    profile = decoder_layers(DecoderSizes(blocks=6, vocab=1000))
+    place = Placement.named("linear", 2)
+    problem = split_problem(profile, place, bottleneck_split([1.0] * profile.num_layers, place.num_stages), 2)
+    data = problem.model_dump(mode="json")
+    data["stages"][-1]["layers"] = [layer for layer in data["stages"][-1]["layers"] if layer["kind"] != "head"]
+    with pytest.raises(InputError, match=r"breaks Megatron's rules \(layout: 'L' appears 0 times"):
+        layout_for(problem_from_json(data))
 
 
 @pytest.mark.parametrize("placement", ["linear", "interleaved:2"])

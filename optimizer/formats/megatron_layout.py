@@ -55,7 +55,12 @@ def layout_for(problem: Problem) -> str:
                 f"format: megatron-layout puts chunk i on rank i mod {p}; stage {s} runs on device "
                 f"{stage.device} ({problem.placement()} placement): Megatron cannot express it"
             )
-    return "|".join(stage_layout([layer.kind for layer in stage.layers or []]) for stage in problem.stages)
+    text = "|".join(stage_layout([layer.kind for layer in stage.layers or []]) for stage in problem.stages)
+    try:
+        parse_layout(text, p)  # Megatron's own rules: a split without its embedding or loss fails them
+    except InputError as error:
+        raise InputError(f"format: megatron-layout '{text}' breaks Megatron's rules ({error})") from None
+    return text
 
 
 def write(schedule: Schedule) -> str:
@@ -101,9 +106,9 @@ def parse_layout(text: str, pipeline_size: int, num_layers: int | None = None) -
         raise InputError(f"layout: {len(stages)} stages is not a multiple of the pipeline size {pipeline_size}")
     flat = "".join(stages)
     for symbol, where in (("E", 0), ("L", len(flat) - 1)):
-        if flat.count(symbol) > 1:
-            raise InputError(f"layout: '{symbol}' appears {flat.count(symbol)} times")
-        if symbol in flat and flat.index(symbol) != where:
+        if flat.count(symbol) != 1:
+            raise InputError(f"layout: '{symbol}' appears {flat.count(symbol)} times, Megatron needs it once")
+        if flat.index(symbol) != where:
             raise InputError(f"layout: '{symbol}' must be the {'first' if where == 0 else 'last'} layer")
     if num_layers is not None and flat.count("t") != num_layers:
         raise InputError(f"layout: {flat.count('t')} transformer layers, the model has {num_layers}")
