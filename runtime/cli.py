@@ -19,6 +19,7 @@ if _python_handler is signal.default_int_handler:
 
 import functools  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -151,11 +152,25 @@ def run(
     summary["backend"] = backend
     summary["engine"] = engine
     if as_json:
-        print(json.dumps(summary))
+        print(json.dumps(finite_or_null(summary), allow_nan=False))
     else:
         _print_run(summary)
+    diverged = next((step for step, loss in enumerate(summary["losses"]) if not math.isfinite(loss)), None)
+    if diverged is not None:
+        raise CheckError(f"loss is {summary['losses'][diverged]} from step {diverged}: the model diverged (the schedule ran to the end)")
     if check and not summary["check"]["passed"]:
         raise CheckError(f"check failed: {summary['check']['first_mismatch']}")
+
+
+def finite_or_null(value):
+    """`value` with every NaN or infinite float as None: strict JSON has no NaN (a diverged loss)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(item) for item in value]
+    return value
 
 
 def run_job(engine: str, *args, **kwargs):

@@ -125,6 +125,13 @@ def write_corpus(folder: Path) -> None:
         "raising_model.py": "def build_stages(num_stages):\n    raise RuntimeError('no weights here')\n",
         "syntax_model.py": "def build_stages(num_stages) return\n",
         "import_model.py": "import module_that_is_not_there\n",
+        # The example model whose loss is NaN: a diverged run.
+        "nan_model.py": (
+            "from runtime.models import GPTConfig, build_example\n"
+            "def build_stages(num_stages):\n"
+            "    model = build_example(GPTConfig(layers=2, hidden=16, heads=2, vocab=32, seq_len=8), num_stages)\n"
+            "    return model.stages, lambda out, y: model.loss_fn(out, y) * float('nan'), model.make_batch\n"
+        ),
         "surrogate_method.json": schedule.replace('"method": "1f1b"', '"method": "\\ud800x"', 1),
         "version_true.json": schedule.replace('"version": 1', '"version": true', 1),
         "bound_text.json": schedule.replace('"metrics": {', '"metrics": {"lower_bound": "5",', 1),
@@ -354,6 +361,14 @@ def cases() -> list[Case]:
             "run-raising-model",
             ["run", "{C}/s.json", "--model", "raising_model:build_stages"],
             ["raising_model:build_stages", "RuntimeError: no weights here"],
+        ),
+        # Strict JSON on stdout (NaN was written as is) and a diverged loss is an error (exit 0 before).
+        Case(
+            "run-nan-loss-model",
+            ["run", "{C}/s.json", "--model", "nan_model:build_stages", "--steps", "1", "--json"],
+            ["loss is nan from step 0", "diverged"],
+            code=1,
+            stdout_names=['"losses": [null]'],
         ),
         Case("run-syntax-model", ["run", "{C}/s.json", "--model", "syntax_model:build_stages"], ["syntax_model", "SyntaxError"]),
         Case(
