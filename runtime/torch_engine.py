@@ -19,6 +19,8 @@ a first stage fed token ids.
 
 from __future__ import annotations
 
+import logging
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ import torch.distributed as dist
 
 from optimizer.formats.schedule_json import schedule_from_json
 from optimizer.formats.torch_csv import export_csv
+from runtime.comm import CommError
 from runtime.worker import RunJob
 
 
@@ -37,7 +40,42 @@ class TorchRunJob(RunJob):
     """The same run as RunJob (schedule, model, steps, check), on torch's runtime."""
 
     def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None:
-        return run_torch_rank(self, rank, world_size, device)
+        # torch's runtime logs a failed action with its whole schedule (20+ lines on
+        # stderr) before raising: the log is kept from stderr, the action it names goes
+        # into the one line the launcher prints. The rank is a process of its own, so the
+        # logger's setting ends with it.
+        failed = _FailedAction()
+        logger = logging.getLogger("torch.distributed.pipelining")
+        for handler in list(logger.handlers):  # torch's own, to stderr
+            logger.removeHandler(handler)
+        logger.addHandler(failed)
+        logger.propagate = False
+        try:
+            return run_torch_rank(self, rank, world_size, device)
+        except RuntimeError as error:
+            if failed.action is not None:
+                raise CommError(f"rank {rank} at torch's action {failed.action}: {_first_line(error)}") from None
+            if "Timed out" in str(error):  # outside the actions (the stages' shape inference)
+                raise CommError(f"rank {rank} in torch's runtime: {_first_line(error)}") from None
+            raise
+
+
+class _FailedAction(logging.Handler):
+    """The action torch's runtime names when one fails ("... when running action 0B1")."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.action: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = re.search(r"when running action (\S+?)\.?(\s|$)", record.getMessage())
+        if found is not None:
+            self.action = found.group(1)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else error.__class__.__name__
 
 
 def load_runtime(schedule, stages: list, loss_fn):

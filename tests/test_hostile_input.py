@@ -125,6 +125,26 @@ def write_corpus(folder: Path) -> None:
         "raising_model.py": "def build_stages(num_stages):\n    raise RuntimeError('no weights here')\n",
         "syntax_model.py": "def build_stages(num_stages) return\n",
         "import_model.py": "import module_that_is_not_there\n",
+        # The example model whose last stage never ends its third forward: a stuck transfer
+        # (the first ones are torch's shape inference and microbatch 0).
+        "stuck_model.py": (
+            "import time\n"
+            "import torch\n"
+            "from runtime.models import GPTConfig, build_example\n"
+            "class Stuck(torch.nn.Module):\n"
+            "    def __init__(self, inner):\n"
+            "        super().__init__()\n"
+            "        self.inner = inner\n"
+            "        self.calls = 0\n"
+            "    def forward(self, *args):\n"
+            "        self.calls += 1\n"
+            "        if self.calls >= 3:\n"
+            "            time.sleep(60)\n"
+            "        return self.inner(*args)\n"
+            "def build_stages(num_stages):\n"
+            "    model = build_example(GPTConfig(layers=2, hidden=16, heads=2, vocab=32, seq_len=8), num_stages)\n"
+            "    return [*model.stages[:-1], Stuck(model.stages[-1])], model.loss_fn, model.make_batch\n"
+        ),
         # The example model whose loss is NaN: a diverged run.
         "nan_model.py": (
             "from runtime.models import GPTConfig, build_example\n"
@@ -369,6 +389,13 @@ def cases() -> list[Case]:
             ["loss is nan from step 0", "diverged"],
             code=1,
             stdout_names=['"losses": [null]'],
+        ),
+        # torch's runtime logged the failed action with its whole schedule (23 lines).
+        Case(
+            "run-torch-engine-stuck-model",
+            ["run", "{C}/s.json", "--model", "stuck_model:build_stages", "--steps", "1", "--engine", "torch", "--timeout", "2"],
+            ["rank 0 at torch's action", "Timed out"],
+            code=1,
         ),
         Case("run-syntax-model", ["run", "{C}/s.json", "--model", "syntax_model:build_stages"], ["syntax_model", "SyntaxError"]),
         Case(
