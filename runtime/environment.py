@@ -11,7 +11,12 @@ from optimizer.errors import InputError
 
 
 def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """Whether torchrun started this process: RANK and WORLD_SIZE both set (one alone is refused)."""
+    rank, world = "RANK" in os.environ, "WORLD_SIZE" in os.environ
+    if rank != world:
+        given, missing = ("RANK", "WORLD_SIZE") if rank else ("WORLD_SIZE", "RANK")
+        raise InputError(f"{given}: set without {missing} (torchrun sets both; unset {given} to start every rank here)")
+    return rank
 
 
 def environment_int(name: str, default: int | None = None) -> int:
@@ -35,6 +40,8 @@ def torchrun_world() -> tuple[int, int, int]:
         raise InputError(f"RANK: {rank} is out of range for WORLD_SIZE {world_size}")
     if not 0 <= local_rank < world_size:
         raise InputError(f"LOCAL_RANK: {local_rank} is out of range for WORLD_SIZE {world_size}")
+    if "MASTER_PORT" in os.environ and not 1 <= (port := environment_int("MASTER_PORT")) <= 65535:
+        raise InputError(f"MASTER_PORT: {port} is not a TCP port (1 to 65535)")
     return rank, world_size, local_rank
 
 

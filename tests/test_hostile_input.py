@@ -408,6 +408,16 @@ def cases() -> list[Case]:
             "run-bad-world-size", ["run", "{C}/s.json", "--model", "example"], ["WORLD_SIZE", "two"], env={"RANK": "0", "WORLD_SIZE": "two"}
         ),
         Case(
+            "run-master-port-text",
+            ["run", "{C}/s.json", "--model", "example"],
+            ["MASTER_PORT", "'abc' is not an integer"],
+            env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "abc"},
+        ),
+        # RANK alone was ignored: every rank was started here.
+        Case(
+            "run-rank-without-world-size", ["run", "{C}/s.json", "--model", "example"], ["RANK: set without WORLD_SIZE"], env={"RANK": "0"}
+        ),
+        Case(
             "run-local-world-size-zero",
             ["run", "{C}/s.json", "--model", "example"],
             ["LOCAL_WORLD_SIZE", "0 is out of range"],
