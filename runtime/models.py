@@ -198,7 +198,7 @@ def build_example(config: GPTConfig, num_stages: int, split: list[int] | None = 
     """The example GPT cut into `num_stages` stages with `split[s]` blocks in stage s."""
     split = split if split is not None else even_split(config.layers, num_stages)
     if len(split) != num_stages:
-        raise InputError(f"model: split has {len(split)} stages, the schedule {num_stages}")
+        raise InputError(f"model: split has {len(split)} stages, the pipeline {num_stages}")
     if sum(split) != config.layers:
         raise InputError(f"model: split {'/'.join(map(str, split))} sums to {sum(split)}, not layers={config.layers}")
     # The first stage holds the embeddings and the last the head, so they may hold no block.
@@ -253,9 +253,13 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     values: dict[str, int] = {}
     split = None
+    seen: set[str] = set()
     for item in filter(None, options.split(",")):
         key, _, value = item.partition("=")
         key = key.strip()
+        if key in seen:
+            raise InputError(f"model: option {key} is given twice")
+        seen.add(key)
         if key == "split":
             try:
                 split = [int(part) for part in value.split("/")]
@@ -269,7 +273,7 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
         except ValueError:
             raise InputError(f"model: option {key}='{value}' is not an integer") from None
         if values[key] < (0 if key == "seed" else 1):
-            raise InputError(f"model: option {key}={value} must be positive")
+            raise InputError(f"model: option {key}={value} must be {'0 or more' if key == 'seed' else 'positive'}")
         if values[key] > EXAMPLE_MAX_OPTION:
             raise InputError(f"model: option {key}={value} is more than the {EXAMPLE_MAX_OPTION} the example model takes")
     config = GPTConfig(**values)

@@ -179,9 +179,13 @@ def parse_options(options: str) -> tuple[SyntheticConfig, str | None]:
     kinds = {f.name: f.type for f in dataclasses.fields(SyntheticConfig)}
     values: dict[str, Any] = {}  # option name -> int or float, as SyntheticConfig declares
     problem_path = None
+    seen: set[str] = set()
     for item in filter(None, options.split(",")):
         key, _, value = item.partition("=")
         key = key.strip()
+        if key in seen:
+            raise InputError(f"model: synthetic option {key} is given twice")
+        seen.add(key)
         if key == "problem":
             problem_path = value
             continue
@@ -204,7 +208,7 @@ def build_synthetic(config: SyntheticConfig, problem: Problem, num_stages: int):
     from runtime.models import PipelineModel
 
     if problem.num_stages != num_stages:
-        raise InputError(f"model: the synthetic model's problem has {problem.num_stages} stages, the schedule {num_stages}")
+        raise InputError(f"model: the synthetic model's problem has {problem.num_stages} stages, the pipeline {num_stages}")
     stages = [SleepingStage(config, problem, s) for s in range(num_stages)]
 
     def make_batch(step: int, num_microbatches: int) -> tuple[torch.Tensor, torch.Tensor]:

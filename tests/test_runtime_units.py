@@ -112,6 +112,10 @@ def test_example_model_options_and_errors():
         load_model("example:split=1/2/1", 4)
     with pytest.raises(InputError, match="unknown option 'depth'"):
         load_model("example:depth=3", 2)
+    with pytest.raises(InputError, match="option layers is given twice"):  # the last one won
+        load_model("example:layers=2,layers=3", 2)
+    with pytest.raises(InputError, match="seed=-1 must be 0 or more"):
+        load_model("example:seed=-1", 2)
     with pytest.raises(InputError, match="cannot import"):
         load_model("no_such_package.models:build", 2)
 

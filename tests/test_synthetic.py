@@ -123,7 +123,9 @@ def test_synthetic_needs_a_problem_and_checks_its_options(tmp_path):
         load_model("synthetic:mib_per_unit=nan", 2, problem())
     with pytest.raises(InputError, match="seed=-1 must be 0 or more"):
         load_model("synthetic:seed=-1", 2, problem())
-    with pytest.raises(InputError, match="problem has 2 stages, the schedule 4"):
+    with pytest.raises(InputError, match="synthetic option width is given twice"):
+        load_model("synthetic:width=4,width=8", 2, problem())
+    with pytest.raises(InputError, match="problem has 2 stages, the pipeline 4"):
         load_model("synthetic", 4, problem())
     with pytest.raises(InputError, match="no such file"):
         load_model(f"synthetic:problem={tmp_path / 'none.json'}", 2)
