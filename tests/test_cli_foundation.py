@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from optimizer.cli import app
 from optimizer.formats.schedule_json import load_schedule
-from optimizer.problem import uniform_problem
+from optimizer.problem import StageMemory, uniform_problem
 
 runner = CliRunner()
 
@@ -177,6 +177,9 @@ def test_memory_deltas_within_the_tolerance_leave_nothing_to_pile_up(tmp_path, m
     # zero up to one float rounding of values of about 1 (the remainder was 1e-7)
     assert abs(memory.forward + memory.backward_input + memory.backward_weight) <= 1e-15
     assert memory.backward_weight == -0.4999999  # the larger free (B's) took up the remainder
+    # Deltas off zero by float rounding only are kept as given (written back unchanged).
+    kept = StageMemory(forward=1.0, backward_input=-0.6337, backward_weight=-0.3663)
+    assert (kept.backward_input, kept.backward_weight) == (-0.6337, -0.3663)
 
 
 def test_control_characters_quoted_in_an_error_are_escaped(tmp_path):
