@@ -348,6 +348,9 @@ def load_model(name: str, num_stages: int, problem: Problem | None = None) -> Pi
                 raise InputError(
                     f"model: split={'/'.join(map(str, split))} differs from the schedule's layer split {'/'.join(map(str, chosen))}"
                 )
+            given = {item.partition("=")[0].strip() for item in name.partition(":")[2].split(",")}
+            if "layers" in given and config.layers != sum(chosen):
+                raise InputError(f"model: layers={config.layers} differs from the schedule's layer split ({sum(chosen)} blocks)")
             split, config = chosen, dataclasses.replace(config, layers=sum(chosen))
         return build_example(config, num_stages, split)
     if name == "synthetic" or name.startswith("synthetic:"):

@@ -91,3 +91,6 @@ def test_per_layer_profile_then_a_chosen_split_runs_and_checks(tmp_path):
     other = "1/2" if chosen != [1, 2] else "2/1"
     result = runner.invoke(app, ["run", str(schedule_path), "--model", f"{model},split={other}", "--steps", "1"])
     assert result.exit_code == 2 and "differs from the schedule's layer split" in result.output
+    # So is a layers= that contradicts it (it was silently replaced by the split's count).
+    result = runner.invoke(app, ["run", str(schedule_path), "--model", model.replace("layers=3", "layers=5"), "--steps", "1"])
+    assert result.exit_code == 2 and "layers=5 differs from the schedule's layer split (3 blocks)" in result.output

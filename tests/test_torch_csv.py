@@ -310,3 +310,13 @@ def test_import_reads_a_file_torch_dumped_itself(class_name, family, placement, 
     schedule, imported = torch_csv.import_schedule((tmp_path / "dumped.csv").read_text(), problem, memory=False)
     assert schedule.order() == generate(problem, family).order()
     assert (imported.overlapped_pairs > 0) == (class_name == "ScheduleDualPipeV")
+
+
+def test_torch_schedules_are_refused_on_vocabulary_passes_as_such():
+    # They were reported as "torch's order is invalid": the order is fine, the problem
+    # has passes a torch CSV cannot hold.
+    plain = uniform_problem(2, 4)
+    problem = Problem.model_validate({**plain.model_dump(), "vocab_parallel": {"forward": 1.0, "backward": 1.0}})
+    schedules, refused = builtin_schedules(problem)
+    assert not schedules and refused
+    assert all(reason.startswith("torch's schedules have no vocabulary passes") for reason in refused.values()), refused
