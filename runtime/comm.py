@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -130,6 +131,18 @@ class P2P:
         except Exception as exc:  # the backends raise RuntimeError or DistBackendError
             reason = failure_reason(exc, self.timeout, "transfer")
             raise CommError(f"rank {rank} {where}: {message.describe()} {direction} rank {peer}: {reason}") from None
+
+
+def all_ranks_meet(rank: int, where: str, call: Callable[[], object]) -> None:
+    """Run a collective every rank must reach (a barrier, the results' gathering); when one
+    never arrives (stuck in an op past its last transfer, or dead), say so, not what the
+    backend's timeout looks like from here."""
+    try:
+        call()
+    except Exception as exc:  # the backends raise RuntimeError or DistBackendError
+        text = str(exc).strip()
+        first_line = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0] if text else exc.__class__.__name__)
+        raise CommError(f"rank {rank} {where}: not every rank arrived, one is stuck in an op or died ({first_line[:160]})") from None
 
 
 def failure_reason(exc: BaseException, timeout: datetime.timedelta, what: str) -> str:

@@ -24,7 +24,7 @@ from optimizer.errors import InputError
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from runtime.collectives import streams
-from runtime.comm import P2P, TensorSpec
+from runtime.comm import P2P, TensorSpec, all_ranks_meet
 from runtime.executor import Executor, StepResult
 from runtime.memory import MemoryMeter
 from runtime.models import PipelineModel, VocabularyStages, load_model, vocabulary_stages
@@ -59,7 +59,8 @@ class Session:
             first = last = True
         mb_inputs = [x.to(self.device) for x in inputs.chunk(m)] if first else []
         mb_targets = [y.to(self.device) for y in targets.chunk(m)] if last else []
-        dist.barrier()  # start together: a step's time is then the pipeline's, not a straggler's
+        # Start together: a step's time is then the pipeline's, not a straggler's.
+        all_ranks_meet(self.plan.rank, "at the step's start", dist.barrier)
         return self.executor.run_step(mb_inputs, mb_targets, record=record)
 
     def update(self) -> None:

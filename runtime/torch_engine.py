@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from optimizer.formats.schedule_json import schedule_from_json
 from optimizer.formats.torch_csv import export_csv
-from runtime.comm import CommError
+from runtime.comm import CommError, all_ranks_meet
 from runtime.worker import RunJob
 
 
@@ -120,7 +120,7 @@ class TorchSession:
         args = (inputs.to(self.device),) if first else ()
         losses: list[torch.Tensor] = []
         kwargs = {"target": targets.to(self.device), "losses": losses} if last else {}
-        dist.barrier()  # start together, as the executor does
+        all_ranks_meet(self.plan.rank, "at the step's start", dist.barrier)  # start together, as the executor does
         start = time.perf_counter()
         self.runtime.step(*args, return_outputs=False, **kwargs)
         if self.device.type == "cuda":
@@ -155,7 +155,7 @@ def run_torch_rank(job: TorchRunJob, rank: int, world_size: int, device: torch.d
         session.update()
 
     gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, (steps, check_report))
+    all_ranks_meet(rank, "gathering the results", lambda: dist.all_gather_object(gathered, (steps, check_report)))
     if rank != 0:
         return None
     return {**summarize(job, schedule, session.plan.predicted_makespan, gathered), "engine": "torch"}

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from optimizer.errors import PipeschedError
 from optimizer.formats.schedule_json import schedule_from_json
+from runtime.comm import all_ranks_meet
 
 
 class CheckError(PipeschedError):
@@ -60,7 +61,7 @@ def run_rank(job: RunJob, rank: int, world_size: int, device: torch.device) -> d
         session.update()
 
     gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, (steps, check_report))
+    all_ranks_meet(rank, "gathering the results", lambda: dist.all_gather_object(gathered, (steps, check_report)))
     if rank != 0:
         return None
     return summarize(job, schedule, session.plan.predicted_makespan, gathered)

@@ -84,6 +84,7 @@ def write_corpus(folder: Path) -> None:
     good = uniform_problem(2, 4)
     (folder / "p.json").write_text(json.dumps(good.model_dump(mode="json"), indent=1))
     save_schedule(generate(good, "1f1b"), folder / "s.json")
+    save_schedule(generate(good, "zb-h1"), folder / "zbh1.json")  # the last op of rank 1 is a W, after its last send
     problem = (folder / "p.json").read_text()
     schedule = (folder / "s.json").read_text()
     (folder / "l.json").write_text(json.dumps(layers_to_json(decoder_layers(DecoderSizes(blocks=4))), indent=1))
@@ -144,6 +145,21 @@ def write_corpus(folder: Path) -> None:
             "def build_stages(num_stages):\n"
             "    model = build_example(GPTConfig(layers=2, hidden=16, heads=2, vocab=32, seq_len=8), num_stages)\n"
             "    return [*model.stages[:-1], Stuck(model.stages[-1])], model.loss_fn, model.make_batch\n"
+        ),
+        # The example model whose last stage's weight gradient never ends from the 4th on.
+        "stuck_w_model.py": (
+            "import time\n"
+            "from runtime.models import GPTConfig, build_example\n"
+            "def build_stages(num_stages):\n"
+            "    model = build_example(GPTConfig(layers=2, hidden=16, heads=2, vocab=32, seq_len=8), num_stages)\n"
+            "    calls = [0]\n"
+            "    def hang_from_the_fourth(grad):\n"
+            "        calls[0] += 1\n"
+            "        if calls[0] >= 4:\n"
+            "            time.sleep(60)\n"
+            "        return grad\n"
+            "    next(model.stages[-1].parameters()).register_hook(hang_from_the_fourth)\n"
+            "    return model.stages, model.loss_fn, model.make_batch\n"
         ),
         # The example model whose loss is NaN: a diverged run.
         "nan_model.py": (
@@ -395,6 +411,14 @@ def cases() -> list[Case]:
             "run-torch-engine-stuck-model",
             ["run", "{C}/s.json", "--model", "stuck_model:build_stages", "--steps", "1", "--engine", "torch", "--timeout", "2"],
             ["rank 0 at torch's action", "Timed out"],
+            code=1,
+        ),
+        # Rank 1 stuck in its last W, after its last send: rank 0 was reported as the model's
+        # error ("Timed out waiting 5000ms for send operation"), with no word of a stuck rank.
+        Case(
+            "run-stuck-after-last-send-model",
+            ["run", "{C}/zbh1.json", "--model", "stuck_w_model:build_stages", "--steps", "1", "--timeout", "2"],
+            ["rank 0 gathering the results: not every rank arrived, one is stuck in an op or died"],
             code=1,
         ),
         Case("run-syntax-model", ["run", "{C}/s.json", "--model", "syntax_model:build_stages"], ["syntax_model", "SyntaxError"]),
