@@ -140,16 +140,19 @@ def all_ranks_meet(rank: int, where: str, call: Callable[[], object]) -> None:
     try:
         call()
     except Exception as exc:  # the backends raise RuntimeError or DistBackendError
-        text = str(exc).strip()
-        first_line = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0] if text else exc.__class__.__name__)
-        raise CommError(f"rank {rank} {where}: not every rank arrived, one is stuck in an op or died ({first_line[:160]})") from None
+        raise CommError(f"rank {rank} {where}: not every rank arrived, one is stuck in an op or died ({backend_line(exc)})") from None
 
 
 def failure_reason(exc: BaseException, timeout: datetime.timedelta, what: str) -> str:
     """A backend's failure in a few words: a timeout, or its message's first line."""
-    text = str(exc).strip()
-    first_line = text.splitlines()[0] if text else exc.__class__.__name__
-    first_line = re.sub(r"^\[[^\]]*\]\s*", "", first_line)  # gloo's "[file.cc:line]" prefix
+    first_line = backend_line(exc)
     if "timed out" in first_line.lower() or "timeout" in first_line.lower():
         return f"no {what} within {timeout.total_seconds():g} s"
-    return f"the {what} failed ({first_line[:160]})"
+    return f"the {what} failed ({first_line})"
+
+
+def backend_line(exc: BaseException) -> str:
+    """The first line of a backend's error, without gloo's "[file.cc:line]" prefix, at most 160 characters."""
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else exc.__class__.__name__
+    return re.sub(r"^\[[^\]]*\]\s*", "", first_line)[:160]

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from optimizer.formats.schedule_json import schedule_from_json
 from optimizer.formats.torch_csv import export_csv
-from runtime.comm import CommError, all_ranks_meet
+from runtime.comm import CommError, all_ranks_meet, backend_line
 from runtime.worker import RunJob
 
 
@@ -54,9 +54,9 @@ class TorchRunJob(RunJob):
             return run_torch_rank(self, rank, world_size, device)
         except RuntimeError as error:
             if failed.action is not None:
-                raise CommError(f"rank {rank} at torch's action {failed.action}: {_first_line(error)}") from None
+                raise CommError(f"rank {rank} at torch's action {failed.action}: {backend_line(error)}") from None
             if "Timed out" in str(error):  # outside the actions (the stages' shape inference)
-                raise CommError(f"rank {rank} in torch's runtime: {_first_line(error)}") from None
+                raise CommError(f"rank {rank} in torch's runtime: {backend_line(error)}") from None
             raise
 
 
@@ -71,11 +71,6 @@ class _FailedAction(logging.Handler):
         found = re.search(r"when running action (\S+?)\.?(\s|$)", record.getMessage())
         if found is not None:
             self.action = found.group(1)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else error.__class__.__name__
 
 
 def load_runtime(schedule, stages: list, loss_fn):
