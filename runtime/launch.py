@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import pickle
 import signal
@@ -153,17 +154,17 @@ def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, t
         _report(path, {"ok": True, "result": result})
         dist.destroy_process_group()
     except PipeschedError as error:
-        _report(path, {"ok": False, "error": str(error), "exit_code": error.exit_code})
+        _report(path, {"ok": False, "error": str(error), "exit_code": error.exit_code, "at": time.monotonic()})
         _exit(error.exit_code)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's process group
-        _report(path, {"ok": False, "error": f"rank {rank}: interrupted", "exit_code": 130})
+        _report(path, {"ok": False, "error": f"rank {rank}: interrupted", "exit_code": 130, "at": time.monotonic()})
         _exit(130)
     except BaseException as error:  # a bug or a user model's exception: one line, the traceback on request
         if debug:
             traceback.print_exc()
         model = getattr(job, "model", None)
         text = f"rank {rank}: " + (f"model {model}: " if model else "") + _first_line(error)
-        _report(path, {"ok": False, "error": text, "exit_code": 1})
+        _report(path, {"ok": False, "error": text, "exit_code": 1, "at": time.monotonic()})
         _exit(1)
 
 
@@ -220,6 +221,9 @@ def _failure(processes: list, reports: list[dict | None], stopped: set[int]) -> 
             died.append(f"rank {rank} died ({signal.Signals(-process.exitcode).name})")
         elif process.exitcode:
             died.append(f"rank {rank} exited with status {process.exitcode} without a report")
+    # The first failure in time is the cause, the others its echoes (a peer's transfer
+    # fails once the raising rank has gone); the monotonic clock is the host's, one for all ranks.
+    reported.sort(key=lambda r: r.get("at", math.inf))
     messages = died + list(dict.fromkeys(r["error"] for r in reported)) + halted
     exit_code = 1 if died or not reported else reported[0]["exit_code"]
     return LaunchError("; ".join(messages) or "the ranks failed without a report", exit_code)

@@ -161,6 +161,22 @@ def write_corpus(folder: Path) -> None:
             "    next(model.stages[-1].parameters()).register_hook(hang_from_the_fourth)\n"
             "    return model.stages, model.loss_fn, model.make_batch\n"
         ),
+        # The example model whose last stage raises in its first real forward (every rank
+        # runs each stage once to learn the shapes it receives).
+        "raising_forward_model.py": (
+            "from runtime.models import GPTConfig, build_example\n"
+            "def build_stages(num_stages):\n"
+            "    model = build_example(GPTConfig(layers=2, hidden=16, heads=2, vocab=32, seq_len=8), num_stages)\n"
+            "    last, calls = model.stages[-1], [0]\n"
+            "    real = last.forward\n"
+            "    def boom(*args):\n"
+            "        calls[0] += 1\n"
+            "        if calls[0] >= 2:\n"
+            "            raise RuntimeError('boom in forward')\n"
+            "        return real(*args)\n"
+            "    last.forward = boom\n"
+            "    return model.stages, model.loss_fn, model.make_batch\n"
+        ),
         # The example model whose loss is NaN: a diverged run.
         "nan_model.py": (
             "from runtime.models import GPTConfig, build_example\n"
@@ -419,6 +435,13 @@ def cases() -> list[Case]:
             "run-stuck-after-last-send-model",
             ["run", "{C}/zbh1.json", "--model", "stuck_w_model:build_stages", "--steps", "1", "--timeout", "2"],
             ["rank 0 gathering the results: not every rank arrived, one is stuck in an op or died"],
+            code=1,
+        ),
+        # The raising rank's report comes first: it is the cause, rank 0's failed transfer its echo.
+        Case(
+            "run-raising-forward-model",
+            ["run", "{C}/s.json", "--model", "raising_forward_model:build_stages", "--steps", "1", "--timeout", "5"],
+            ["error: rank 1: model raising_forward_model:build_stages: RuntimeError: boom in forward"],
             code=1,
         ),
         Case("run-syntax-model", ["run", "{C}/s.json", "--model", "syntax_model:build_stages"], ["syntax_model", "SyntaxError"]),
