@@ -78,7 +78,7 @@ def user_errors(command: Command) -> Command:
 INTERRUPTED = 130
 # The longest --time-limit taken (about 11 days): any finite number beyond is a typo.
 MAX_TIME_LIMIT = 1e6
-# The shortest: below it not even the known schedules are built.
+# The shortest --time-limit taken (as before its check moved here from typer's range).
 MIN_TIME_LIMIT = 0.01
 # CP-SAT takes a 32-bit seed.
 SEED_RANGE = (-(2**31), 2**31 - 1)

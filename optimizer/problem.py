@@ -56,8 +56,8 @@ class StageMemory(_Strict):
 
     The three must sum to zero within _SUM_TOLERANCE (relative to the allocation); where
     they are off by more than float rounding, the larger of B's and W's changes takes up
-    the rest, so that they sum to zero up to float rounding. A remainder left in place would pile up one microbatch after another:
-    1e-7 a microbatch, at a limit of one forward's allocation, made every schedule overflow.
+    the rest. A remainder left in place would pile up one microbatch after another: 1e-7
+    a microbatch, at a limit of one forward's allocation, made every schedule overflow.
     """
 
     forward: Annotated[float, Field(ge=0, le=MAX_VALUE)]
@@ -66,9 +66,11 @@ class StageMemory(_Strict):
 
     @model_validator(mode="after")
     def _deltas_sum_to_zero(self) -> StageMemory:
-        check_deltas_sum_to_zero(self)
         total = self.forward + self.backward_input + self.backward_weight
-        if abs(total) <= _ROUNDING * max(1.0, self.forward):
+        scale = max(1.0, self.forward)
+        if abs(total) > _SUM_TOLERANCE * scale:
+            raise ValueError(f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})")
+        if abs(total) <= _ROUNDING * scale:
             return self  # float rounding only (1 - 0.6337 - 0.3663 is -5.6e-17): values kept as given
         # Frozen: the validator is the one place the value is still being built.
         if abs(self.backward_weight) >= abs(self.backward_input):
@@ -106,13 +108,6 @@ class Stage(_Strict):
         return self.backward if self.backward is not None else self.backward_input + self.backward_weight
 
 
-def check_deltas_sum_to_zero(memory: StageMemory) -> None:
-    """Raise ValueError unless F's, B's and W's memory changes sum to zero (within _SUM_TOLERANCE)."""
-    total = memory.forward + memory.backward_input + memory.backward_weight
-    if abs(total) > _SUM_TOLERANCE * max(1.0, abs(memory.forward)):
-        raise ValueError(f"memory deltas must sum to 0 (forward + backward_input + backward_weight = {total:g})")
-
-
 class Slice(_Strict):
     """One token slice of every microbatch: its share of the tokens and of the attention-weighted cost.
 
@@ -144,9 +139,6 @@ class VocabParallel(_Strict):
 # this (absolute) slack, far above float rounding of a few thousand terms (1e-12) and far
 # below any meaningful share.
 SLICE_SUM_TOLERANCE = 1e-6
-# A sum of three deltas off zero by no more than this (relative) is float rounding, not a
-# remainder to take up.
-_ROUNDING = 1e-15
 
 
 @dataclass(frozen=True)
