@@ -90,7 +90,7 @@ class BenchJob:
     peers: bool = True
     timeout_s: float = 300.0
 
-    def execute(self, rank, world_size, device):
+    def execute(self, rank, world_size, device, position=None):
         import torch.distributed as dist
 
         from optimizer.formats.schedule_json import schedule_from_json
@@ -99,7 +99,17 @@ class BenchJob:
         from runtime.torch_engine import TorchSession
 
         def session(schedule, name):
-            return open_session(schedule, self.model, rank, world_size, device, self.timeout_s, source=name, model_problem=schedule.problem)
+            return open_session(
+                schedule,
+                self.model,
+                rank,
+                world_size,
+                device,
+                self.timeout_s,
+                source=name,
+                model_problem=schedule.problem,
+                position=position,
+            )
 
         profiling = {}
         if self.profile is not None:

@@ -49,7 +49,7 @@ class SlicedRunJob:
     record: tuple[str, ...] = ()  # schedules whose ops' busy times are recorded (the sliced profile)
     timeout_s: float = 300.0
 
-    def execute(self, rank, world_size, device):
+    def execute(self, rank, world_size, device, position=None):
         import torch.distributed as dist
 
         from optimizer.formats.schedule_json import schedule_from_json
@@ -60,7 +60,15 @@ class SlicedRunJob:
         for name, data in self.schedules.items():
             schedule = schedule_from_json(data, name, check=False)
             session = open_session(
-                schedule, self.model, rank, world_size, device, self.timeout_s, source=name, model_problem=schedule.problem
+                schedule,
+                self.model,
+                rank,
+                world_size,
+                device,
+                self.timeout_s,
+                source=name,
+                model_problem=schedule.problem,
+                position=position,
             )
             seconds = []
             for step in range(self.warmup + self.steps):

@@ -33,6 +33,7 @@ from runtime.issue import op_transfers
 from runtime.memory import MemoryMeter
 from runtime.models import LossFn
 from runtime.plan import ACTIVATION, GRADIENT, HIDDEN, Message, RankPlan
+from runtime.position import RankPosition
 from runtime.stage import StageRunner
 from runtime.vocab_runner import VocabRunner
 
@@ -70,8 +71,10 @@ class Executor:
         synchronize: bool = False,
         slice_bounds: list[tuple[int, int]] | None = None,  # token slices: [a_k, b_k) per slice
         vocab: VocabRunner | None = None,  # this rank's vocabulary shard, for a plan with vocabulary passes
+        position: RankPosition | None = None,  # where the launcher reads the op this rank is in
     ):
         self.plan = plan
+        self.position = position
         self.p2p = p2p
         self.device = device
         # Whole sequences for every slice's op would count each token K times.
@@ -93,7 +96,7 @@ class Executor:
         self._transfers = op_transfers(plan)
         self._collectives = op_collectives(plan)
 
-    def run_step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], record: bool = False) -> StepResult:
+    def run_step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], record: bool = False, step: int = 0) -> StepResult:
         """Run this rank's ops for one step; `inputs`/`targets` are per microbatch (with
         vocabulary passes every rank gets both: the tokens are embedded on every rank)."""
         for runner in self.runners.values():
@@ -107,6 +110,8 @@ class Executor:
         for op, transfers, collectives in zip(self.plan.ops, self._transfers, self._collectives, strict=True):
             op_start = time.perf_counter()
             waited_before = self._waited()
+            if self.position is not None:
+                self.position.enter(step, op)
             if self.vocab is not None:
                 for stream, j in collectives.waits:
                     self.vocab.wait(stream, j, f"at {op}")
@@ -119,6 +124,8 @@ class Executor:
             if record:
                 now = time.perf_counter()
                 timings.append(OpTiming(op, op_start - start, now - start, self._waited() - waited_before))
+        if self.position is not None:
+            self.position.finishing(step)
         self.p2p.finish_step()
         last = self.plan.num_stages - 1
         loss = self.runners[last].step_loss() if last in self.runners else None
@@ -127,6 +134,8 @@ class Executor:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
+        if self.position is not None:
+            self.position.step_done(step)
         return StepResult(seconds, loss, timings)
 
     def _waited(self) -> float:

@@ -35,6 +35,7 @@ from optimizer.errors import InputError, PipeschedError
 from optimizer.interrupts import interrupts_deferred
 from runtime.environment import local_world_size, torchrun_world, under_torchrun
 from runtime.forkserver import rank_context
+from runtime.position import RankPosition
 
 __all__ = ["LaunchError", "launch", "run_here", "torchrun_world", "under_torchrun"]
 
@@ -55,7 +56,7 @@ class Job(Protocol):
     @property
     def timeout_s(self) -> float: ...  # read-only: jobs are frozen dataclasses
 
-    def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None: ...
+    def execute(self, rank: int, world_size: int, device: torch.device, position: RankPosition | None = None) -> dict | None: ...
 
 
 def default_threads(world_size: int) -> int:
@@ -86,10 +87,11 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
         raise LaunchError(f"cannot open the ranks' meeting point on 127.0.0.1: {_first_line(error)}", 2) from error
     context = rank_context()
     with tempfile.TemporaryDirectory(prefix="pipesched-") as results:
+        positions = [RankPosition.shared(context) for _ in range(world_size)]
         processes = [
             context.Process(
                 target=_rank_entry,
-                args=(rank, world_size, store.port, backend, job, threads, results, debug),
+                args=(rank, world_size, store.port, backend, job, threads, results, debug, positions[rank]),
                 name=f"pipesched-rank-{rank}",
             )
             for rank in range(world_size)
@@ -114,7 +116,7 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
         first = reports[0]
         assert first is not None
         return first["result"]
-    raise _failure(processes, reports, stopped)
+    raise _failure(processes, reports, stopped, [position.describe() for position in positions])
 
 
 def run_here(job: Job, backend: str = "gloo", threads: int | None = None) -> dict | None:
@@ -142,7 +144,9 @@ def _first_line(error: BaseException) -> str:
     return f"{error.__class__.__name__}: {text.splitlines()[0]}" if text else error.__class__.__name__
 
 
-def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, threads: int, results: str, debug: bool) -> None:
+def _rank_entry(
+    rank: int, world_size: int, port: int, backend: str, job: Job, threads: int, results: str, debug: bool, position: RankPosition
+) -> None:
     path = Path(results) / f"rank{rank}.pickle"  # a job's result is any picklable value
     try:
         torch.set_num_threads(threads)
@@ -150,7 +154,7 @@ def _rank_entry(rank: int, world_size: int, port: int, backend: str, job: Job, t
         timeout = datetime.timedelta(seconds=job.timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=_device_id(device))
-        result = job.execute(rank, world_size, device)
+        result = job.execute(rank, world_size, device, position)
         _report(path, {"ok": True, "result": result})
         dist.destroy_process_group()
     except PipeschedError as error:
@@ -208,19 +212,20 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def _failure(processes: list, reports: list[dict | None], stopped: set[int]) -> LaunchError:
+def _failure(processes: list, reports: list[dict | None], stopped: set[int], whereabouts: list[str]) -> LaunchError:
     """One message for the whole failure: ranks that died first, then what the ranks
-    reported (each distinct text once), then the ranks we stopped."""
+    reported (each distinct text once), then the ranks we stopped; a rank that died or
+    was stopped is named with where it was (`whereabouts`, runtime/position.py)."""
     died, reported, halted = [], [], []
     for rank, (process, report) in enumerate(zip(processes, reports)):
         if report is not None and not report["ok"]:
             reported.append(report)
         elif rank in stopped:
-            halted.append(f"rank {rank} was stopped after another rank failed")
+            halted.append(f"rank {rank} was stopped after another rank failed, {whereabouts[rank]}")
         elif process.exitcode and process.exitcode < 0:
-            died.append(f"rank {rank} died ({signal.Signals(-process.exitcode).name})")
+            died.append(f"rank {rank} died ({signal.Signals(-process.exitcode).name}) {whereabouts[rank]}")
         elif process.exitcode:
-            died.append(f"rank {rank} exited with status {process.exitcode} without a report")
+            died.append(f"rank {rank} exited with status {process.exitcode} without a report, {whereabouts[rank]}")
     # The first failure in time is the cause, the others its echoes (a peer's transfer
     # fails once the raising rank has gone); the monotonic clock is the host's, one for all ranks.
     reported.sort(key=lambda r: r.get("at", math.inf))

@@ -31,6 +31,7 @@ from optimizer.ops import Op
 from optimizer.problem import Problem, placement_devices, uniform_problem
 from optimizer.schedule import Schedule
 from optimizer.simulate import simulate
+from runtime.position import RankPosition
 
 GIB = float(2**30)
 _PING_ROUNDS, _PING_WARMUP = 12, 3
@@ -46,8 +47,8 @@ class ProfileJob:
     steps: int = 5
     timeout_s: float = 60.0
 
-    def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None:
-        return profile_rank(self, rank, world_size, device)
+    def execute(self, rank: int, world_size: int, device: torch.device, position: RankPosition | None = None) -> dict | None:
+        return profile_rank(self, rank, world_size, device, position)
 
 
 def profiling_schedule(devices: int, microbatches: int, placement: str, fused: bool = False) -> Schedule:
@@ -74,11 +75,11 @@ def timed_steps(session, steps: int, first_step: int) -> dict[tuple[str, int], l
     return busy
 
 
-def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.device) -> dict | None:
+def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.device, position: RankPosition | None = None) -> dict | None:
     from runtime.session import open_session
 
     schedule = profiling_schedule(job.devices, job.microbatches, job.placement)
-    session = open_session(schedule, job.model, rank, world_size, device, job.timeout_s, measure_memory=True)
+    session = open_session(schedule, job.model, rank, world_size, device, job.timeout_s, measure_memory=True, position=position)
     meter = session.meter
     assert meter is not None, "open_session(measure_memory=True) gives a meter"
     # One warm-up step, the timed steps without the memory meter's hooks (they cost time
@@ -101,6 +102,7 @@ def profile_rank(job: ProfileJob, rank: int, world_size: int, device: torch.devi
         world_size,
         device,
         job.timeout_s,
+        position=position,
     )
     timed_steps(fused, 1, 0)
     fused_busy = timed_steps(fused, job.steps, 1)

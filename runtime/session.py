@@ -29,6 +29,7 @@ from runtime.executor import Executor, StepResult
 from runtime.memory import MemoryMeter
 from runtime.models import PipelineModel, VocabularyStages, load_model, vocabulary_stages
 from runtime.plan import RankPlan, build_plans
+from runtime.position import RankPosition
 from runtime.slicing import slice_bounds
 from runtime.vocab import VocabShard, shard_bounds
 from runtime.vocab_runner import VocabRunner
@@ -61,7 +62,7 @@ class Session:
         mb_targets = [y.to(self.device) for y in targets.chunk(m)] if last else []
         # Start together: a step's time is then the pipeline's, not a straggler's.
         all_ranks_meet(self.plan.rank, "at the step's start", dist.barrier)
-        return self.executor.run_step(mb_inputs, mb_targets, record=record)
+        return self.executor.run_step(mb_inputs, mb_targets, record=record, step=step)
 
     def update(self) -> None:
         if self.optimizer is not None:
@@ -108,8 +109,10 @@ def open_session(
     measure_memory: bool = False,
     source: str = "schedule",
     model_problem: Problem | None = None,
+    position: RankPosition | None = None,
 ) -> Session:
-    """`model_problem`: the problem a synthetic model takes its op times from."""
+    """`model_problem`: the problem a synthetic model takes its op times from; `position`:
+    where the executor keeps the op it is in, for the launcher (runtime/position.py)."""
     plan = build_plans(schedule, world_size, source)[rank]
     model = load_model(model_name, plan.num_stages, model_problem)
     example_inputs, _ = model.make_batch(0, plan.num_microbatches)
@@ -129,7 +132,16 @@ def open_session(
     meter = MemoryMeter(device, params) if measure_memory else None
     p2p = P2P(plan, specs, device, timeout_s, bounds)
     executor = Executor(
-        plan, modules, model.loss_fn, p2p, device, meter=meter, synchronize=measure_memory, slice_bounds=bounds, vocab=vocab
+        plan,
+        modules,
+        model.loss_fn,
+        p2p,
+        device,
+        meter=meter,
+        synchronize=measure_memory,
+        slice_bounds=bounds,
+        vocab=vocab,
+        position=position,
     )
     optimizer = torch.optim.AdamW(params, lr=1e-3) if params else None
     return Session(plan, model, modules, executor, optimizer, device, meter, vocab)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from optimizer.formats.schedule_json import schedule_from_json
 from optimizer.formats.torch_csv import export_csv
 from runtime.comm import CommError, all_ranks_meet, backend_line
+from runtime.position import RankPosition
 from runtime.worker import RunJob
 
 
@@ -39,7 +40,7 @@ from runtime.worker import RunJob
 class TorchRunJob(RunJob):
     """The same run as RunJob (schedule, model, steps, check), on torch's runtime."""
 
-    def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None:
+    def execute(self, rank: int, world_size: int, device: torch.device, position: RankPosition | None = None) -> dict | None:
         # torch's runtime logs a failed action with its whole schedule (20+ lines on
         # stderr) before raising: the log is kept from stderr, the action it names goes
         # into the one line the launcher prints. The rank is a process of its own, so the
@@ -51,7 +52,7 @@ class TorchRunJob(RunJob):
         logger.addHandler(failed)
         logger.propagate = False
         try:
-            return run_torch_rank(self, rank, world_size, device)
+            return run_torch_rank(self, rank, world_size, device, position)
         except RuntimeError as error:
             if failed.action is not None:
                 raise CommError(f"rank {rank} at torch's action {failed.action}: {backend_line(error)}") from None
@@ -130,7 +131,7 @@ class TorchSession:
             module.zero_grad(set_to_none=True)
 
 
-def run_torch_rank(job: TorchRunJob, rank: int, world_size: int, device: torch.device) -> dict | None:
+def run_torch_rank(job: TorchRunJob, rank: int, world_size: int, device: torch.device, position: RankPosition | None = None) -> dict | None:
     from runtime.check import compare_gradients, loss_matches, reference_step
     from runtime.models import load_model
     from runtime.worker import summarize
@@ -139,6 +140,8 @@ def run_torch_rank(job: TorchRunJob, rank: int, world_size: int, device: torch.d
     session = TorchSession(schedule, job.model, rank, world_size, device, job.source)
     steps, check_report = [], None
     for step in range(job.steps):
+        if position is not None:
+            position.in_step(step)
         seconds, loss = session.step(step)
         steps.append((seconds, loss))
         if step == 0 and job.check:

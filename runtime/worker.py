@@ -16,6 +16,7 @@ import torch.distributed as dist
 from optimizer.errors import PipeschedError
 from optimizer.formats.schedule_json import schedule_from_json
 from runtime.comm import all_ranks_meet
+from runtime.position import RankPosition
 
 
 class CheckError(PipeschedError):
@@ -33,17 +34,19 @@ class RunJob:
     check: bool = False
     timeout_s: float = 60.0
 
-    def execute(self, rank: int, world_size: int, device: torch.device) -> dict | None:
-        return run_rank(self, rank, world_size, device)
+    def execute(self, rank: int, world_size: int, device: torch.device, position: RankPosition | None = None) -> dict | None:
+        return run_rank(self, rank, world_size, device, position)
 
 
-def run_rank(job: RunJob, rank: int, world_size: int, device: torch.device) -> dict | None:
+def run_rank(job: RunJob, rank: int, world_size: int, device: torch.device, position: RankPosition | None = None) -> dict | None:
     from runtime.check import compare_gradients, compare_shard, loss_matches, reference_step
     from runtime.models import load_model
     from runtime.session import open_session
 
     schedule = schedule_from_json(job.schedule, job.source, check=False)
-    session = open_session(schedule, job.model, rank, world_size, device, job.timeout_s, source=job.source, model_problem=schedule.problem)
+    session = open_session(
+        schedule, job.model, rank, world_size, device, job.timeout_s, source=job.source, model_problem=schedule.problem, position=position
+    )
     steps = []
     check_report = None
     for step in range(job.steps):

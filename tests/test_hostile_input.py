@@ -426,7 +426,7 @@ def cases() -> list[Case]:
         Case(
             "run-torch-engine-stuck-model",
             ["run", "{C}/s.json", "--model", "stuck_model:build_stages", "--steps", "1", "--engine", "torch", "--timeout", "2"],
-            ["rank 0 at torch's action", "Timed out"],
+            ["rank 0 at torch's action", "Timed out", "rank 1 was stopped after another rank failed, in step 0"],
             code=1,
         ),
         # Rank 1 stuck in its last W, after its last send: rank 0 was reported as the model's
@@ -434,7 +434,10 @@ def cases() -> list[Case]:
         Case(
             "run-stuck-after-last-send-model",
             ["run", "{C}/zbh1.json", "--model", "stuck_w_model:build_stages", "--steps", "1", "--timeout", "2"],
-            ["rank 0 gathering the results: not every rank arrived, one is stuck in an op or died"],
+            [
+                "rank 0 gathering the results: not every rank arrived, one is stuck in an op or died",
+                "rank 1 was stopped after another rank failed, in W(stage 1, mb 3) of step 0",
+            ],
             code=1,
         ),
         # The raising rank's report comes first: it is the cause, rank 0's failed transfer its echo.

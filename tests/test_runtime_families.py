@@ -49,8 +49,8 @@ class Batch:
     jobs: tuple[RunJob, ...]
     timeout_s: float = 60.0
 
-    def execute(self, rank, world_size, device):
-        results = {job.source: job.execute(rank, world_size, device) for job in self.jobs}
+    def execute(self, rank, world_size, device, position=None):
+        results = {job.source: job.execute(rank, world_size, device, position) for job in self.jobs}
         return results if rank == 0 else None
 
 

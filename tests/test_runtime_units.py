@@ -16,6 +16,7 @@ from optimizer.schedules import generate
 from runtime.backward import SplitBackward, backward_fused, backward_weight
 from runtime.models import GPTConfig, GPTStage, build_example, even_split, load_model
 from runtime.plan import ACTIVATION, GRADIENT, build_plans
+from runtime.position import UPDATING, RankPosition
 from runtime.profile import profile_result, profiling_schedule
 
 pytestmark = pytest.mark.runtime
@@ -187,3 +188,22 @@ def test_a_rank_whose_results_folder_is_gone_reports_quietly(tmp_path):
     assert not (tmp_path / "removed").exists()
     _report(tmp_path / "rank0.pickle", {"ok": True, "result": 3})
     assert pickle.loads((tmp_path / "rank0.pickle").read_bytes()) == {"ok": True, "result": 3}
+
+
+def test_a_rank_position_names_the_op_or_the_phase_it_was_left_in():
+    # Read by the launcher after the rank has ended (runtime/position.py): each write
+    # replaces the last, and a write cut short says so instead of mixing two ops' fields.
+    position = RankPosition([0] * 6)
+    assert position.describe() == "before its first step"
+    position.enter(2, Op("W", 3, 7))
+    assert position.describe() == "in W(stage 3, mb 7) of step 2"
+    position.enter(2, Op("F", 1, 4, 2))
+    assert position.describe() == "in F(stage 1, mb 4.2) of step 2"
+    position.finishing(2)
+    assert position.describe() == "after its last op of step 2, finishing the step's transfers"
+    position.step_done(2)
+    assert position.describe() == "after step 2"
+    position.in_step(3)
+    assert position.describe() == "in step 3"
+    cut_short = [UPDATING, 3, 0, 1, 4, 0]
+    assert RankPosition(cut_short).describe() == "between two ops of step 3"
