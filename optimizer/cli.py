@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optimizer.errors import InputError, PipeschedError
+from optimizer.exact.options import OBJECTIVES
 from optimizer.formats.choose import choose_format, refuse_other_format
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.interrupts import interrupts_deferred
@@ -345,6 +346,8 @@ def solve(
     finite_option("--certify", certify, low=0.0, high=MAX_TIME_LIMIT)
     if solver is not None and method != "milp":
         raise InputError(f"--solver: only for --method milp (it picks the MILP back end), not --method {method}")
+    if objective not in OBJECTIVES:
+        raise InputError(f"--objective: '{printable(objective)}' is not one of {', '.join(OBJECTIVES)}")
     solver = solver or "cbc"
     finite_option("--memory-limit", memory_limit, low=0.0)
     barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
@@ -397,6 +400,10 @@ def solve(
     else:
         if certify > 0:
             raise InputError(f"--certify: only with --method auto, cpsat or milp; {method} is a schedule family")
+        if objective != "makespan":
+            # A family's order is the same for either objective; only the optimizer (or,
+            # for a layers file, the choice of split) minimizes it.
+            raise InputError(f"--objective: only with --method auto, cpsat or milp, or a layers file; {method} is a schedule family")
         from optimizer.schedules import generate
         from optimizer.schedules.listengine import check_memory_feasible
 

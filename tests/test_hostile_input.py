@@ -350,6 +350,17 @@ def cases() -> list[Case]:
         Case("show-output-is-input", ["show", "{C}/s.json", "-o", "{C}/s.json"], ["s.json", "is also the input"]),
         Case("show-output-folder", ["show", "{C}/s.json", "-o", "{C}/folder.json"], ["directory"]),
         Case("solve-solver-without-milp", ["solve", "{C}/p.json", "--solver", "highs", "-o", "{O}/s.json"], ["--solver", "milp"]),
+        # An unknown objective was accepted with a schedule family, and `span` ignored there.
+        Case(
+            "solve-objective-unknown-family",
+            ["solve", "{C}/p.json", "--method", "1f1b", "--objective", "spam", "-o", "{O}/s.json"],
+            ["--objective", "'spam'", "makespan, span"],
+        ),
+        Case(
+            "solve-objective-span-family",
+            ["solve", "{C}/p.json", "--method", "1f1b", "--objective", "span", "-o", "{O}/s.json"],
+            ["--objective", "1f1b is a schedule family"],
+        ),
         Case("run-huge-example-model", ["run", "{C}/s.json", "--model", "example:layers=99999999999999999999999"], ["layers", "1000000"]),
         Case("solve-seed-over-32-bits", ["solve", "{C}/p.json", "--seed", "2147483648", "-o", "{O}/s.json"], ["--seed", "2147483647"]),
         Case(

@@ -18,7 +18,7 @@ from optimizer.errors import InputError
 from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
 from optimizer.exact.incumbents import Candidate, closest
-from optimizer.exact.options import ProgressCallback, SolveOptions
+from optimizer.exact.options import OBJECTIVES, ProgressCallback, SolveOptions
 from optimizer.exact.portfolio import bound_first, problem_bound, solve_auto, starting_points, take_whole_model_result, whole_model
 from optimizer.exact.spantiming import final_timing_seconds
 from optimizer.exact.subproblem import full_subproblem
@@ -46,8 +46,8 @@ def solve(
     options = options or SolveOptions()
     if method not in METHODS:
         raise InputError(f"method: '{method}' is not one of {', '.join(METHODS)}")
-    if options.objective not in ("makespan", "span"):
-        raise InputError(f"objective: '{options.objective}' is not one of makespan, span")
+    if options.objective not in OBJECTIVES:
+        raise InputError(f"objective: '{options.objective}' is not one of {', '.join(OBJECTIVES)}")
     if options.time_limit <= 0:
         raise InputError(f"time_limit: must be positive, got {options.time_limit:g}")
     ops = problem.num_ops

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Objective = Literal["makespan", "span"]
+OBJECTIVES: tuple[Objective, ...] = ("makespan", "span")
 
 
 @dataclass(frozen=True)
