@@ -30,6 +30,7 @@ from optimizer.cli import app, finite_option, run_app, user_errors  # noqa: E402
 from optimizer.errors import InputError, PipeschedError, ScheduleError  # noqa: E402
 from optimizer.interrupts import interrupts_deferred  # noqa: E402
 from optimizer.io import printable  # noqa: E402
+from runtime.forkserver import stop_rank_server  # noqa: E402
 
 _BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."
 _TIMEOUT_HELP = "Seconds a rank may wait for one transfer before every rank fails, naming the op."
@@ -331,4 +332,10 @@ if _python_handler is signal.default_int_handler:
 
 
 def main() -> int:
-    return run_app(app)
+    """The console command: the app, then the rank server stopped with the process (see
+    runtime/forkserver.stop_rank_server; tests run the app in one process and keep the
+    server for the next launch)."""
+    try:
+        return run_app(app)
+    finally:
+        stop_rank_server()

@@ -8,7 +8,9 @@ overlap. Only the standard library is imported here.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import signal
 from multiprocessing.context import ForkServerContext
 
@@ -30,3 +32,34 @@ def rank_context() -> ForkServerContext:
     finally:
         signal.signal(signal.SIGINT, previous)
     return context
+
+
+def stop_rank_server() -> None:
+    """End the rank server and the resource tracker it started, and reap both.
+
+    Called as the console command ends. Left to themselves, both end once they notice that
+    this process is gone (the server only after its imports, up to about two seconds after
+    an early Ctrl-C), and the host's init process reaps them whenever it gets to it: until
+    then they are processes the command left behind. Every rank has ended by now (the
+    launcher stops and joins them), so nothing of the server is still needed. It may be
+    deaf to its pipe while it imports torch, hence the kill. multiprocessing's own stop
+    methods close their pipes and wait for them (private ones: where a Python lacks them,
+    nothing is done here and both end as before).
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command is over: nothing to cut short
+    try:
+        server = getattr(forkserver, "_forkserver", None)
+        pid = getattr(server, "_forkserver_pid", None)
+        if server is not None and pid is not None and hasattr(server, "_stop"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                server._stop()
+        tracker = getattr(resource_tracker, "_resource_tracker", None)
+        if tracker is not None and hasattr(tracker, "_stop"):
+            with contextlib.suppress(OSError):
+                tracker._stop()
+    finally:
+        signal.signal(signal.SIGINT, previous)
