@@ -28,7 +28,7 @@ from optimizer.errors import InputError, PipeschedError
 from optimizer.exact.options import OBJECTIVES
 from optimizer.formats.choose import choose_format, refuse_other_format
 from optimizer.formats.schedule_json import load_schedule, save_schedule
-from optimizer.interrupts import interrupts_deferred
+from optimizer.interrupts import interrupts_deferred, terminations_as_interrupts
 from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs
 from optimizer.problem import Problem, load_problem, problem_from_json, uniform_problem
 from optimizer.schedule import Schedule
@@ -109,7 +109,15 @@ def _shown(number: float) -> str:
 
 
 def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
-    """Run the app; option errors and Ctrl-C become one line on stderr too (exit 2 and 130)."""
+    """Run the app; option errors and Ctrl-C become one line on stderr too (exit 2 and 130).
+    SIGTERM and SIGHUP end it as Ctrl-C does, "interrupted" included (optimizer.interrupts),
+    with 128 + the signal's number (143, 129)."""
+    with terminations_as_interrupts() as received:
+        code = _run_app(command, args)
+    return 128 + received[0] if received and code == INTERRUPTED else code
+
+
+def _run_app(command: typer.Typer, args: list[str] | None) -> int:
     if sys.stdout is None:  # started with standard output closed (`>&-`): Python drops prints
         print("error: standard output: closed", file=sys.stderr)
         return 1

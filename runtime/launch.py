@@ -34,7 +34,7 @@ import torch.distributed as dist
 from optimizer.errors import InputError, PipeschedError
 from optimizer.interrupts import interrupts_deferred
 from runtime.environment import local_world_size, torchrun_world, under_torchrun
-from runtime.forkserver import rank_context
+from runtime.forkserver import end_with_the_launcher, rank_context
 from runtime.position import RankPosition
 
 __all__ = ["LaunchError", "launch", "run_here", "torchrun_world", "under_torchrun"]
@@ -91,7 +91,7 @@ def launch(job: Job, world_size: int, backend: str = "gloo", threads: int | None
         processes = [
             context.Process(
                 target=_rank_entry,
-                args=(rank, world_size, store.port, backend, job, threads, results, debug, positions[rank]),
+                args=(rank, world_size, store.port, backend, job, threads, results, debug, positions[rank], os.getpid()),
                 name=f"pipesched-rank-{rank}",
             )
             for rank in range(world_size)
@@ -145,9 +145,19 @@ def _first_line(error: BaseException) -> str:
 
 
 def _rank_entry(
-    rank: int, world_size: int, port: int, backend: str, job: Job, threads: int, results: str, debug: bool, position: RankPosition
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    job: Job,
+    threads: int,
+    results: str,
+    debug: bool,
+    position: RankPosition,
+    launcher: int,
 ) -> None:
     path = Path(results) / f"rank{rank}.pickle"  # a job's result is any picklable value
+    end_with_the_launcher(launcher)
     try:
         torch.set_num_threads(threads)
         device = rank_device(backend, rank)

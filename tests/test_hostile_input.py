@@ -16,13 +16,16 @@ run in parallel threads, to keep the file near a minute and a half on two cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -755,9 +758,11 @@ def wait_for(condition, seconds: float) -> bool:
 
 
 def _default_sigint() -> None:
-    # A test run started in the background of a non-interactive shell ignores SIGINT,
-    # and an ignored signal is inherited: the CLI would never see the Ctrl-C sent to it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # A test run started in the background of a non-interactive shell ignores SIGINT (a
+    # test worker process may ignore SIGHUP), and an ignored signal is inherited: the CLI
+    # would never see the signal sent to it, where a terminal's job does.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def start(args: list[str], cwd: Path, tmp: Path) -> subprocess.Popen:
@@ -773,6 +778,19 @@ def start(args: list[str], cwd: Path, tmp: Path) -> subprocess.Popen:
         start_new_session=True,
         preexec_fn=_default_sigint,
     )
+
+
+@contextlib.contextmanager
+def ended_session(process: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """The process, and at the end every process of its session killed: a test that fails
+    must not leave a run training on for good (its ranks share the session)."""
+    try:
+        yield process
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=HANG_GUARD_SECONDS)
 
 
 def interrupt(process: subprocess.Popen) -> tuple[str, str]:
@@ -844,16 +862,59 @@ def test_ctrl_c_during_run_exits_130_without_traceback(tmp_path, moment) -> None
     # While the server starts (importing torch), the launcher may be waiting for it to fork
     # a rank: that rank must not be left running. Later, the ranks are stopped mid-step.
     save_schedule(generate(uniform_problem(2, 4), "1f1b"), tmp_path / "s.json")
-    process = start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, tmp_path)
-    wanted = 1 if moment == "while the rank server starts" else 3  # the server, then it and 2 ranks
-    assert wait_for(lambda: _rank_server_processes(process.pid) >= wanted, 30), session_processes(process.pid)
-    _, err = interrupt(process)
-    assert process.returncode == 130, err
-    assert err.strip() == "interrupted"
-    # The rank server may still be importing torch when Ctrl-C comes (deaf to its parent
-    # then, for up to about two seconds): the command stops and reaps it, and the resource
-    # tracker, before it exits. Nothing of it is left, not even for the host's init to reap.
-    assert not session_processes(process.pid, zombies=True)
+    with ended_session(start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, tmp_path)) as process:
+        wanted = 1 if moment == "while the rank server starts" else 3  # the server, then it and 2 ranks
+        assert wait_for(lambda: _rank_server_processes(process.pid) >= wanted, 30), session_processes(process.pid)
+        _, err = interrupt(process)
+        assert process.returncode == 130, err
+        assert err.strip() == "interrupted"
+        # The rank server may still be importing torch when Ctrl-C comes (deaf to its parent
+        # then, for up to about two seconds): the command stops and reaps it, and the resource
+        # tracker, before it exits. Nothing of it is left, not even for the host's init to reap.
+        assert not session_processes(process.pid, zombies=True)
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_termination_signal_to_run_alone_stops_its_ranks(tmp_path, name) -> None:
+    # `timeout`, a job manager or a closed terminal signal the command's own process, not
+    # its process group: left at their default, SIGTERM and SIGHUP ended the launcher at
+    # once and its ranks trained on, for good. They now end it as Ctrl-C does.
+    save_schedule(generate(uniform_problem(2, 4), "1f1b"), tmp_path / "s.json")
+    with ended_session(start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, tmp_path)) as process:
+        assert wait_for(lambda: _rank_server_processes(process.pid) >= 3, 30), session_processes(process.pid)
+        signum = getattr(signal, name)
+        os.kill(process.pid, signum)
+        _, err = process.communicate(timeout=HANG_GUARD_SECONDS)
+        assert process.returncode == 128 + signum, err  # as a shell reports a process the signal ended
+        assert err.strip() == "interrupted"
+        assert not session_processes(process.pid, zombies=True)
+
+
+def test_ranks_end_with_a_launcher_killed_outright(tmp_path) -> None:
+    # kill -9 (or the out-of-memory killer) leaves the launcher no chance to stop its ranks,
+    # and the rank server lives on while they hold its pipe: each rank watches the launcher.
+    save_schedule(generate(uniform_problem(2, 4), "1f1b"), tmp_path / "s.json")
+    with ended_session(start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, tmp_path)) as process:
+        assert wait_for(lambda: _rank_server_processes(process.pid) >= 3, 30), session_processes(process.pid)
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=HANG_GUARD_SECONDS)  # returns once the ranks (holding its pipes) are gone
+        assert process.returncode == -signal.SIGKILL
+        # The ranks end at once; the server and the resource tracker once they see them gone.
+        assert wait_for(lambda: not session_processes(process.pid), 10), session_processes(process.pid)
+
+
+def test_sigterm_during_solve_writes_the_best_schedule_so_far(tmp_path) -> None:
+    with ended_session(start(["solve", str(hard_problem(tmp_path)), "--time-limit", "60", "-o", "s.json"], tmp_path, tmp_path)) as process:
+        assert process.stderr is not None
+        # Once the progress line (one line per report off a terminal) shows a first schedule.
+        assert wait_for(lambda: re.search(r"incumbent [0-9]", process.stderr.readline()) is not None, 30)
+        os.kill(process.pid, signal.SIGTERM)
+        _, err = process.communicate(timeout=HANG_GUARD_SECONDS)
+        assert process.returncode == 143, err
+        assert "Traceback" not in err and "interrupted" in err
+        schedule = load_schedule(tmp_path / "s.json")  # valid: loading validates it
+        assert schedule.metrics.makespan > 0
+        assert not session_processes(process.pid, zombies=True)
 
 
 def test_a_full_standard_output_is_one_line_not_a_traceback(tmp_path) -> None:
