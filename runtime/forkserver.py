@@ -11,10 +11,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import select
 import signal
-import threading
-import time
 from multiprocessing.context import ForkServerContext
 
 
@@ -66,40 +63,3 @@ def stop_rank_server() -> None:
                 tracker._stop()
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def end_with_the_launcher(launcher: int) -> None:
-    """End this rank as soon as the launcher (process id `launcher`) has ended.
-
-    A launcher stopped outright (kill -9, the out-of-memory killer) cannot stop its ranks,
-    and the rank server outlives it while they run (each rank holds the server's pipe).
-    Without this the ranks went on until a transfer timed out, or for good in a long op.
-    A daemon thread waits on the launcher (a pidfd on Linux, else a check every second)
-    and ends the process; a rank whose launcher is already gone ends at once.
-    """
-    try:
-        handle = os.pidfd_open(launcher)
-    except (AttributeError, OSError):  # another system, an older kernel, or already gone
-        handle = None
-        if not _alive(launcher):
-            os._exit(1)
-
-    def wait() -> None:
-        if handle is not None:
-            select.select([handle], [], [])
-        else:
-            while _alive(launcher):
-                time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=wait, name="pipesched-launcher-watch", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

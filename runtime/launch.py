@@ -33,8 +33,9 @@ import torch.distributed as dist
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.interrupts import interrupts_deferred
+from optimizer.lifeline import end_with
 from runtime.environment import local_world_size, torchrun_world, under_torchrun
-from runtime.forkserver import end_with_the_launcher, rank_context
+from runtime.forkserver import rank_context
 from runtime.position import RankPosition
 
 __all__ = ["LaunchError", "launch", "run_here", "torchrun_world", "under_torchrun"]
@@ -157,7 +158,9 @@ def _rank_entry(
     launcher: int,
 ) -> None:
     path = Path(results) / f"rank{rank}.pickle"  # a job's result is any picklable value
-    end_with_the_launcher(launcher)
+    # The launcher stops its ranks on any end but being killed outright; then they end with it
+    # (the rank server outlives it while they run: each rank holds its pipe).
+    end_with(launcher)
     try:
         torch.set_num_threads(threads)
         device = rank_device(backend, rank)

@@ -903,6 +903,29 @@ def test_ranks_end_with_a_launcher_killed_outright(tmp_path) -> None:
         assert wait_for(lambda: not session_processes(process.pid), 10), session_processes(process.pid)
 
 
+def test_the_fluid_bound_worker_ends_with_a_solve_killed_outright(tmp_path) -> None:
+    # Over 600 ops `auto` proves its fluid bound in a worker process beside the search
+    # (optimizer.exact.fluidbound): a solve killed outright cannot stop it, and it went on
+    # for the rest of the time limit. It now ends with the solve and removes its folder.
+    problem = uniform_problem(8, 32, 1.0, 1.0, 0.6, comm_time=0.03, placement="vshape", memory_limit=4.0)
+    (tmp_path / "v.json").write_text(json.dumps(problem.model_dump(mode="json")))
+    with ended_session(start(["solve", "v.json", "--time-limit", "120", "-q", "-o", "s.json"], tmp_path, tmp_path)) as process:
+        workers: list[str] = []
+
+        def worker_started() -> bool:
+            workers[:] = [line for line in session_processes(process.pid) if "optimizer.exact.fluidbound" in line]
+            return bool(workers)
+
+        assert wait_for(worker_started, 60), session_processes(process.pid)
+        arguments = Path(f"/proc/{workers[0].split()[0]}/cmdline").read_bytes().split(b"\0")
+        folder = Path(arguments[3].decode()).parent  # python -m optimizer.exact.fluidbound PROBLEM.json ...
+        assert folder.is_dir()
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=HANG_GUARD_SECONDS)
+        assert wait_for(lambda: not session_processes(process.pid), 10), session_processes(process.pid)
+        assert not folder.exists()
+
+
 def test_sigterm_during_solve_writes_the_best_schedule_so_far(tmp_path) -> None:
     with ended_session(start(["solve", str(hard_problem(tmp_path)), "--time-limit", "60", "-o", "s.json"], tmp_path, tmp_path)) as process:
         assert process.stderr is not None

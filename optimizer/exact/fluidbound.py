@@ -51,6 +51,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from optimizer.exact.bounds import _links, device_tails, heads
+from optimizer.lifeline import end_with
 from optimizer.ops import fusing_can_win
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -513,6 +515,7 @@ class FluidRun:
             "threads": threads,
             "below_probe": below_probe,
             "refine": refine,
+            "starter": os.getpid(),  # the worker ends with this process (optimizer.lifeline)
         }
         command = [sys.executable, "-m", "optimizer.exact.fluidbound", problem_path, json.dumps(settings), self._out_path]
         self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
@@ -617,7 +620,10 @@ def _worker_env() -> dict[str, str]:
 
 
 def _worker(problem_path: str, settings_json: str, out_path: str) -> None:
+    # Its folder is the solve's, which removes it when it stops the worker: where the solve
+    # was killed outright, the worker ends with it and removes the folder itself.
     settings = json.loads(settings_json)
+    end_with(settings["starter"], cleanup=lambda: shutil.rmtree(os.path.dirname(out_path), ignore_errors=True))
     with open(problem_path) as handle:
         problem = Problem.model_validate_json(handle.read())
     start = time.monotonic()
