@@ -108,11 +108,12 @@ def _shown(number: float) -> str:
     return str(number) if isinstance(number, int) else f"{number:g}"
 
 
-def run_app(command: typer.Typer, args: list[str] | None = None) -> int:
+def run_app(command: typer.Typer, args: list[str] | None = None, terminations: bool = True) -> int:
     """Run the app; option errors and Ctrl-C become one line on stderr too (exit 2 and 130).
-    SIGTERM and SIGHUP end it as Ctrl-C does, "interrupted" included (optimizer.interrupts),
-    with 128 + the signal's number (143, 129)."""
-    with terminations_as_interrupts() as received:
+    With `terminations`, SIGTERM and SIGHUP end it as Ctrl-C does, "interrupted" included
+    (optimizer.interrupts), with 128 + the signal's number (143, 129)."""
+    handling: contextlib.AbstractContextManager[list[int]] = terminations_as_interrupts() if terminations else contextlib.nullcontext([])
+    with handling as received:
         code = _run_app(command, args)
     return 128 + received[0] if received and code == INTERRUPTED else code
 

@@ -336,6 +336,9 @@ def main() -> int:
     runtime/forkserver.stop_rank_server; tests run the app in one process and keep the
     server for the next launch)."""
     try:
-        return run_app(app)
+        # A rank of a torchrun job keeps SIGTERM's default: torchrun stops its workers with
+        # it, and a rank waiting for a transfer would see it only when the wait ends (up to
+        # --timeout), where torchrun gives it 30 s before SIGKILL.
+        return run_app(app, terminations="RANK" not in os.environ)
     finally:
         stop_rank_server()

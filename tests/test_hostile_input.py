@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -888,6 +889,36 @@ def test_a_termination_signal_to_run_alone_stops_its_ranks(tmp_path, name) -> No
         assert process.returncode == 128 + signum, err  # as a shell reports a process the signal ended
         assert err.strip() == "interrupted"
         assert not session_processes(process.pid, zombies=True)
+
+
+def test_a_torchrun_rank_keeps_sigterms_default(tmp_path) -> None:
+    # torchrun stops its workers with SIGTERM (SIGKILL 30 s later). Handled as Ctrl-C, it
+    # would reach a rank blocked in a transfer or at the rendezvous only when the wait
+    # ends: here rank 0 of 2 waits for a rank 1 that never comes (up to --timeout).
+    save_schedule(generate(uniform_problem(2, 4), "1f1b"), tmp_path / "s.json")
+    with socket.socket() as probe:  # a free port, nobody listening on it but rank 0
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **torchrun}
+    process = subprocess.Popen(
+        CLI + ["run", "s.json", "--model", "example", "--timeout", "120"],
+        cwd=tmp_path,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    )
+    with ended_session(process):
+        time.sleep(3)  # past the imports, waiting at the rendezvous
+        assert process.poll() is None
+        began = time.monotonic()
+        os.kill(process.pid, signal.SIGTERM)
+        process.communicate(timeout=HANG_GUARD_SECONDS)
+        assert process.returncode == -signal.SIGTERM
+        assert time.monotonic() - began < 10
 
 
 def test_ranks_end_with_a_launcher_killed_outright(tmp_path) -> None:
