@@ -957,6 +957,42 @@ def test_the_fluid_bound_worker_ends_with_a_solve_killed_outright(tmp_path) -> N
         assert not folder.exists()
 
 
+def _processes_mentioning(text: str) -> list[tuple[int, list[str]]]:
+    """(pid, arguments) of the live processes whose command line holds `text`."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            arguments = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(text in argument for argument in arguments):
+            found.append((int(entry.name), arguments))
+    return found
+
+
+def test_the_highs_worker_ends_with_a_solve_killed_outright(tmp_path) -> None:
+    # HiGHS runs in a worker of its own session (a terminal's Ctrl-C reaches the solve,
+    # which stops it); a solve killed outright left it running to its time limit.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    problem = hard_problem(tmp_path, microbatches=12)
+    arguments = ["solve", str(problem), "--method", "milp", "--solver", "highs", "--time-limit", "120", "-q", "-o", "s.json"]
+    with ended_session(start(arguments, tmp_path, tmp)) as process:
+        workers: list[tuple[int, list[str]]] = []
+
+        def worker_started() -> bool:
+            workers[:] = [w for w in _processes_mentioning(str(tmp)) if any(a.endswith("highs_worker.py") for a in w[1])]
+            return bool(workers)
+
+        assert wait_for(worker_started, 60), "the HiGHS worker never started"
+        _, worker_arguments = workers[0]
+        folder = Path(worker_arguments[2]).parent  # python highs_worker.py MODEL.mps START.json OUT.json
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=HANG_GUARD_SECONDS)
+        assert wait_for(lambda: not _processes_mentioning(str(tmp)), 10), _processes_mentioning(str(tmp))
+        assert not folder.exists()
+
+
 def test_sigterm_during_solve_writes_the_best_schedule_so_far(tmp_path) -> None:
     with ended_session(start(["solve", str(hard_problem(tmp_path)), "--time-limit", "60", "-o", "s.json"], tmp_path, tmp_path)) as process:
         assert process.stderr is not None

@@ -3,21 +3,30 @@
 OR-Tools and highspy each ship their own, different libhighs.so.1; a process can load
 only one of them, and pipesched needs OR-Tools. So HiGHS runs here, in a process that
 never imports OR-Tools, reading the model PuLP wrote and a MIP start, and writing the
-status, the proven bound and the values back as JSON. This file imports nothing from
-pipesched on purpose.
+status, the proven bound and the values back as JSON. Of pipesched it imports only
+optimizer.lifeline (the standard library alone), to end with the solve that started it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+from pathlib import Path
 
 
 def main(model_path: str, start_path: str, out_path: str) -> None:
-    import highspy
-
     with open(start_path) as handle:
         settings = json.load(handle)
+    # Run as a script: the checkout (or the installed package's root) is not on the path.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from optimizer.lifeline import end_with
+
+    # Its folder is the solve's, which removes it: where the solve was killed outright,
+    # the worker ends with it (HiGHS would run to its time limit) and removes it itself.
+    end_with(settings["starter"], cleanup=lambda: shutil.rmtree(Path(out_path).parent, ignore_errors=True))
+    import highspy
+
     highs = highspy.Highs()
     highs.setOptionValue("output_flag", False)
     highs.readModel(model_path)

@@ -315,7 +315,8 @@ def _solve_with_highs_worker(
         mps, start_file, out = (Path(folder) / name for name in ("model.mps", "start.json", "out.json"))
         model.writeMPS(str(mps))
         start = {v.name: v.varValue for v in model.variables() if v.varValue is not None}
-        start_file.write_text(json.dumps({"time_limit": time_limit, "threads": threads, "seed": seed, "start": start}))
+        settings = {"time_limit": time_limit, "threads": threads, "seed": seed, "start": start, "starter": os.getpid()}
+        start_file.write_text(json.dumps(settings))
         # Its own session: a terminal's Ctrl-C reaches us only, and we stop the worker.
         # Its output goes nowhere: HiGHS prints a banner, which would break `--json` on stdout.
         process = subprocess.Popen(
