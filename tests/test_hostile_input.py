@@ -766,9 +766,9 @@ def _default_sigint() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
-def start(args: list[str], cwd: Path, tmp: Path) -> subprocess.Popen:
+def start(args: list[str], cwd: Path, tmp: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     # Its own session, like a terminal's job: Ctrl-C is sent to the whole process group.
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), **(env or {})}
     return subprocess.Popen(
         CLI + args,
         cwd=cwd,
@@ -900,18 +900,7 @@ def test_a_torchrun_rank_keeps_sigterms_default(tmp_path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), **torchrun}
-    process = subprocess.Popen(
-        CLI + ["run", "s.json", "--model", "example", "--timeout", "120"],
-        cwd=tmp_path,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=_default_sigint,
-    )
-    with ended_session(process):
+    with ended_session(start(["run", "s.json", "--model", "example", "--timeout", "120"], tmp_path, tmp_path, torchrun)) as process:
         time.sleep(3)  # past the imports, waiting at the rendezvous
         assert process.poll() is None
         began = time.monotonic()
