@@ -61,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from optimizer.exact.bounds import _links, device_tails, heads
+from optimizer.interrupts import interrupts_deferred
 from optimizer.lifeline import end_with
 from optimizer.ops import fusing_can_win
 from optimizer.problem import Problem
@@ -518,9 +519,17 @@ class FluidRun:
             "starter": os.getpid(),  # the worker ends with this process (optimizer.lifeline)
         }
         command = [sys.executable, "-m", "optimizer.exact.fluidbound", problem_path, json.dumps(settings), self._out_path]
-        self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_worker_env()
-        )
+        self._process: subprocess.Popen[bytes] | None = None
+        try:
+            # Ctrl-C (or SIGTERM) between the start and the assignment would leave the
+            # worker unknown to everyone who could stop it.
+            with interrupts_deferred():
+                self._process = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_worker_env()
+                )
+        except KeyboardInterrupt:
+            self.close()
+            raise
 
     def wait(self, until: float) -> None:
         """Wait until the worker ends or `until` (time.monotonic), whichever comes first."""

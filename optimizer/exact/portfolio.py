@@ -13,6 +13,7 @@ progress line names the phase that runs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from optimizer.exact.slicebounds import busy_bound, cut_by_deadline, lower_bound
 from optimizer.exact.subproblem import SubProblem, full_subproblem
 from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.exact.tracker import Tracker
+from optimizer.interrupts import interrupts_deferred
 from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedule import orders_fit
@@ -545,9 +547,13 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
     # Where the relaxation is weak (V-Min's memory) a fitting first probe hands these small
     # problems to the device relaxations and the whole model, which prove more.
     # A uniform grid: small problems are mostly ramps, and FIRST_PROBE was measured on it.
-    run = _fluid_run(problem, tracker, until, threads=options.threads, below_probe="stop", samples=_fluid_samples(problem))
-    if run is not None:
-        with run:
+    with contextlib.ExitStack() as stopping:
+        # Started and entered with Ctrl-C held: one in between would leave the worker running.
+        with interrupts_deferred():
+            run = _fluid_run(problem, tracker, until, threads=options.threads, below_probe="stop", samples=_fluid_samples(problem))
+            if run is not None:
+                stopping.enter_context(run)
+        if run is not None:
             tracker.raise_bound(run.finish(until + fluidbound.OVERRUN_SECONDS), FLUID_REASON)
 
 
@@ -562,14 +568,15 @@ def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: Solv
     60 s limit, one program). With the time its own, the bisection goes on below a
     fitting first probe.
     """
-    run = _fluid_run(
-        problem, tracker, until, threads=1, below_probe="bisect", samples=FLUID_FIRST_SAMPLES, coarse=fluidbound.COARSE, refine=True
-    )
-    if run is None:
-        return
-    # Once the search closes the gap to FLUID_MIN_GAP the worker stops: its core goes back
-    # to the search (CP-SAT's window search takes both).
-    tracker.watch(run, FLUID_REASON, until_gap=FLUID_MIN_GAP)
+    # Started and handed to the tracker with Ctrl-C held: one in between would leave the
+    # worker running. Once the search closes the gap to FLUID_MIN_GAP the worker stops: its
+    # core goes back to the search (CP-SAT's window search takes both).
+    with interrupts_deferred():
+        run = _fluid_run(
+            problem, tracker, until, threads=1, below_probe="bisect", samples=FLUID_FIRST_SAMPLES, coarse=fluidbound.COARSE, refine=True
+        )
+        if run is not None:
+            tracker.watch(run, FLUID_REASON, until_gap=FLUID_MIN_GAP)
 
 
 def _stretchable(problem: Problem, options: SolveOptions) -> bool:
