@@ -16,7 +16,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from rich.live import Live
 
     from optimizer.exact.options import Progress
+    from optimizer.starts import Start
 
 app = typer.Typer(
     name="pipesched",
@@ -329,6 +330,13 @@ def solve(
         "--vocab-barriers",
         help="With --vocab-parallel: collectives per microbatch, 1 or 2, or best (both tried, the shorter kept).",
     ),
+    start: list[Path] = typer.Option(
+        [],
+        "--start",
+        metavar="SCHEDULE",
+        help="A schedule to start from (schedule JSON, or torch CSV ending in .csv), e.g. another scheduler's; "
+        "its order is timed on the problem and the result is never worse. Repeatable.",
+    ),
 ) -> None:
     """Build a schedule with the optimizer (auto, cpsat, milp) or a schedule family.
 
@@ -340,6 +348,9 @@ def solve(
     --vocab-parallel the embedding and the head are sharded over all devices as
     vocabulary passes (S and T per device and microbatch), the blocks are split into
     stages, and the schedule records the passes for `run`.
+
+    With --start (auto, cpsat, milp) the search also starts from your schedules, e.g. one
+    from another scheduler, and says how much shorter its result is.
 
     Ctrl-C stops it and writes the best schedule so far.
 
@@ -360,14 +371,18 @@ def solve(
     solver = solver or "cbc"
     finite_option("--memory-limit", memory_limit, low=0.0)
     barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
-    check_outputs([output], [problem_file])
+    check_outputs([output], [problem_file, *start])
     refuse_other_format(output, "a schedule")
+    if start and method not in ("auto", "cpsat", "milp"):
+        raise InputError(f"--start: only with --method auto, cpsat or milp; {method} is a schedule family")
     data = read_json(problem_file)
     if is_layers_data(data):
         from optimizer.balance_report import solve_layers
 
         if certify > 0:
             raise InputError(f"--certify: only for a problem file; {problem_file} is a layers file")
+        if start:
+            raise InputError(f"--start: only for a problem file; {problem_file} is a layers file, whose stages the split chooses")
 
         with interrupts_deferred():
             from optimizer.exact import SolveOptions
@@ -403,7 +418,8 @@ def solve(
     loaded = problem_from_json(data, str(problem_file))
     interrupted = False
     if method in ("auto", "cpsat", "milp"):
-        schedule, interrupted = _optimize(loaded, method, time_limit, objective, solver, seed, threads, quiet)
+        starts = _load_starts(start, loaded)
+        schedule, interrupted = _optimize(loaded, method, time_limit, objective, solver, seed, threads, quiet, starts)
         if certify > 0 and not interrupted:
             interrupted = _certify(schedule, objective, certify, quiet)
     else:
@@ -424,9 +440,44 @@ def solve(
             raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method {others}")
     with interrupts_deferred():
         save_schedule(schedule, output)
-    _print_metrics(schedule, as_json)
+    if method in ("auto", "cpsat", "milp") and starts:
+        _print_against_starts(schedule, starts, objective, as_json)
+    else:
+        _print_metrics(schedule, as_json)
     if interrupted:
         raise typer.Exit(INTERRUPTED)
+
+
+def _load_starts(paths: list[Path], problem: Problem) -> list[Start]:
+    """The --start schedules timed on `problem`; one over its memory limit is named on
+    stderr and left out (it cannot be the result)."""
+    from optimizer.starts import load_start
+
+    starts = []
+    for path in paths:
+        given = load_start(path, problem)
+        if given.schedule.fits_memory():
+            starts.append(given)
+        else:
+            print(f"note: --start {path} is over the memory limit ({_memory_overflow(given.schedule)}); not used", file=sys.stderr)
+    return starts
+
+
+def _print_against_starts(schedule: Schedule, starts: list[Start], objective: str, as_json: bool) -> None:
+    """The metrics, and how much shorter the result is than each --start (by `objective`)."""
+    from optimizer.exact.incumbents import objective_value
+
+    value = objective_value(schedule, objective)
+    given = [objective_value(s.schedule, objective) for s in starts]
+    if as_json:
+        rows = [{"file": str(s.path), objective: v} for s, v in zip(starts, given)]
+        print(json.dumps({**schedule.metrics.as_dict(), "starts": rows}))
+        return
+    print(metrics_line(schedule))
+    for s, v in zip(starts, given):
+        shorter = (v - value) / v if v > 0 else 0.0
+        verdict = f"{shorter:.2%} shorter" if shorter > 1e-9 else "no shorter (it is the result)"
+        print(f"against --start {s.path}: {objective} {v:.6g} -> {value:.6g}, {verdict}")
 
 
 def _vocab_barrier_choices(vocab_parallel: bool, barriers: str) -> tuple[int, ...]:
@@ -458,7 +509,15 @@ def _certify(schedule: Schedule, objective: str, seconds: float, quiet: bool) ->
 
 
 def _optimize(
-    problem: Problem, method: str, time_limit: float, objective: str, solver: str, seed: int, threads: int, quiet: bool
+    problem: Problem,
+    method: str,
+    time_limit: float,
+    objective: str,
+    solver: str,
+    seed: int,
+    threads: int,
+    quiet: bool,
+    starts: Sequence[Start] = (),
 ) -> tuple[Schedule, bool]:
     """Run optimizer.exact.solve with a live progress line; Ctrl-C keeps the best so far (and says so)."""
     with interrupts_deferred():
@@ -468,7 +527,7 @@ def _optimize(
     options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)
     with _ProgressLine(quiet) as progress:
         try:
-            schedule = exact_solve(problem, method, options, on_progress=progress.update)
+            schedule = exact_solve(problem, method, options, on_progress=progress.update, starts=[(s.name, s.schedule) for s in starts])
         except KeyboardInterrupt:
             print("interrupted before any schedule was found", file=sys.stderr)
             raise typer.Exit(INTERRUPTED) from None

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from optimizer.errors import ScheduleError
 from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, dependencies, op_device, op_duration, op_memory, transfer_delay
 from optimizer.problem import Problem
+from optimizer.schedule import Schedule
 
 # Times are floats from the user's units; sums of a few thousand durations carry
 # rounding of about 1e-12 relative, so a relative slack of 1e-9 never hides a real
@@ -123,3 +125,17 @@ def _completeness(counts: Counter[Op], num_stages: int, m: int, num_slices: int)
                     missing = "B" if not split[0] else "W"
                     problems.append(f"missing: {Op(missing, stage, mb, k)}")
     return problems
+
+
+def checked_schedule(problem: Problem, orders: Sequence[Sequence[Op]], source: str, method: str, *, memory: bool = True) -> Schedule:
+    """Per-device orders timed on `problem` and checked against every rule (with `memory`,
+    the memory limit too): DeadlockError when they cannot finish, ScheduleError naming
+    `source` when they break a rule."""
+    from optimizer.simulate import simulate
+
+    schedule = simulate(problem, orders, method=method)
+    checked = problem if memory else problem.model_copy(update={"memory_limit": None})
+    violations = validate(checked, schedule.devices)
+    if violations:
+        raise ScheduleError(source, violations)
+    return schedule

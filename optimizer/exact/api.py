@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from optimizer.errors import InputError
 from optimizer.exact.canonical import canonical
@@ -41,8 +41,11 @@ def solve(
     method: str = "auto",
     options: SolveOptions | None = None,
     on_progress: ProgressCallback | None = None,
+    starts: Sequence[tuple[str, Schedule]] = (),
 ) -> Schedule:
-    """Solve `problem` within options.time_limit; see the module doc."""
+    """Solve `problem` within options.time_limit; see the module doc. `starts` are (name,
+    schedule of `problem`) given by the user: offered first, so the result is never worse
+    than one of them that fits the memory limit."""
     options = options or SolveOptions()
     if method not in METHODS:
         raise InputError(f"method: '{method}' is not one of {', '.join(METHODS)}")
@@ -66,13 +69,15 @@ def solve(
     early = bound_first(problem, options)
     if early:
         problem_bound(problem, options, tracker, within_time=False)
-    starts: list[Candidate] = []
+    for name, given in starts:
+        tracker.offer(given, name)
+    candidates: list[Candidate] = []
     interrupted = False
     try:
         if method == "auto":
             solve_auto(problem, options, tracker, bound_later=not early)
         else:
-            starts = starting_points(problem, tracker)
+            candidates = starting_points(problem, tracker)
             if not early:
                 problem_bound(problem, options, tracker, within_time=True)
             if not tracker.closed():
@@ -90,7 +95,7 @@ def solve(
             tracker.report("interrupted")
         schedule = tracker.result(method)
     if schedule is None:
-        near = closest(starts)
+        near = closest(candidates)
         hint = f"; closest was {near.name}, {near.overshoot:.1%} over the limit" if near else ""
         raise NoScheduleFoundError(f"no schedule within the memory limit found in {options.time_limit:g} s{hint}")
     return schedule

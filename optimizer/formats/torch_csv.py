@@ -22,14 +22,13 @@ import io
 import re
 from dataclasses import dataclass
 
-from optimizer.errors import InputError, ScheduleError
+from optimizer.errors import InputError
 from optimizer.formats import ScheduleFormat
 from optimizer.io import printable
 from optimizer.ops import Op
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
-from optimizer.simulate import simulate
-from optimizer.validate import validate
+from optimizer.validate import checked_schedule
 
 NAME = "torch-csv"
 
@@ -184,12 +183,7 @@ def import_schedule(text: str, problem: Problem, source: str = "schedule.csv", *
     orders, which know nothing of a limit).
     """
     imported = parse_csv(text, problem, source)
-    schedule = simulate(problem, imported.orders, method=NAME)
-    checked = problem if memory else problem.model_copy(update={"memory_limit": None})
-    violations = validate(checked, schedule.devices)
-    if violations:
-        raise ScheduleError(source, violations)
-    return schedule, imported
+    return checked_schedule(problem, imported.orders, source, NAME, memory=memory), imported
 
 
 FORMAT = ScheduleFormat(NAME, "torch.distributed.pipelining's per-rank action CSV (torchtitan reads it too)", ".csv", export_csv)

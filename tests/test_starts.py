@@ -1,0 +1,155 @@
+"""`solve --start`: a user's schedule (another scheduler's, an earlier solve's) starts the search."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from benchmarks.published import published_problem, setting_named
+from optimizer.cli import app
+from optimizer.exact import SolveOptions, solve
+from optimizer.exact import portfolio as portfolio_module
+from optimizer.exact.portfolio import order_search, starting_points
+from optimizer.exact.timescale import integer_tables
+from optimizer.exact.tracker import Tracker
+from optimizer.formats import torch_csv
+from optimizer.formats.schedule_json import load_schedule, save_schedule
+from optimizer.problem import uniform_problem
+from optimizer.schedules import generate
+from optimizer.starts import load_start
+from optimizer.validate import validate
+
+pytestmark = pytest.mark.solver
+
+runner = CliRunner()
+
+
+@pytest.mark.slow
+def test_auto_returns_a_start_better_than_everything_it_builds(monkeypatch):
+    # 1.5B, p = 8, m = 24 on the V placement at V-Min's memory: the order search shortens
+    # v-auto (the best starting point) within seconds. With the search phases off, `auto`
+    # returns its best starting point, or the start given when that is shorter.
+    problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")
+    built = Tracker("makespan", 60.0)
+    starting_points(problem, built)
+    assert built.best is not None
+    searched = Tracker("makespan", 60.0)
+    searched.offer(built.best, "built")
+    order_search(problem, integer_tables(problem), SolveOptions(), searched, time.monotonic() + 5)
+    assert searched.best is not None and searched.best_value < built.best_value * (1 - 1e-3)
+
+    monkeypatch.setattr(portfolio_module, "PHASES", ())
+    options = SolveOptions(time_limit=30, threads=1)
+    alone = solve(problem, "auto", options)
+    assert alone.makespan == pytest.approx(built.best_value)
+    given = solve(problem, "auto", options, starts=[("start(searched.json)", searched.best)])
+    assert given.makespan == pytest.approx(searched.best_value)
+    assert given.metrics.method_won == "start(searched.json)"
+    assert validate(problem, given.devices) == []
+
+
+@pytest.mark.parametrize("method", ["auto", "cpsat"])
+def test_a_start_is_never_beaten_by_a_worse_result(method):
+    # GPipe's order is far from the best here: a start that is worse than what the solver
+    # finds changes nothing, one that is the solver's own result is matched.
+    problem = uniform_problem(3, 6, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=6.0)
+    options = SolveOptions(time_limit=5, threads=1)
+    gpipe = generate(problem, "gpipe")
+    result = solve(problem, method, options, starts=[("start(gpipe.json)", gpipe)])
+    assert result.makespan < gpipe.makespan
+    again = solve(problem, method, options, starts=[("start(result.json)", result)])
+    assert again.makespan <= result.makespan * (1 + 1e-9)
+
+
+def test_a_start_is_its_order_timed_on_the_problem(tmp_path):
+    # Solved for other timings (an earlier profile): its order, timed on these.
+    earlier = uniform_problem(3, 6, 1.0, 1.0, 1.0, memory_limit=3.0)
+    now = uniform_problem(3, 6, 2.0, 1.0, 0.5, memory_limit=3.0)
+    path = tmp_path / "earlier.json"
+    save_schedule(generate(earlier, "zb-h1"), path)
+    start = load_start(path, now)
+    assert start.name == "start(earlier.json)"
+    assert start.schedule.order() == generate(earlier, "zb-h1").order()
+    assert start.schedule.makespan == pytest.approx(generate(now, "zb-h1").makespan)
+
+
+def _files(tmp_path, problem):
+    problem_path = tmp_path / "problem.json"
+    problem_path.write_text(json.dumps(problem.model_dump(mode="json")))
+    return problem_path
+
+
+def test_cli_reports_how_much_shorter_than_each_start(tmp_path):
+    problem = uniform_problem(3, 6, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=6.0)
+    problem_path = _files(tmp_path, problem)
+    gpipe = generate(problem, "gpipe")
+    save_schedule(gpipe, tmp_path / "gpipe.json")
+    (tmp_path / "gpipe.csv").write_text(torch_csv.export_csv(gpipe))
+    out = tmp_path / "out.json"
+    args = ["solve", str(problem_path), "-o", str(out), "--time-limit", "2", "-q"]
+    result = runner.invoke(app, [*args, "--start", str(tmp_path / "gpipe.json"), "--start", str(tmp_path / "gpipe.csv")])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.startswith("against --start")]
+    assert len(lines) == 2 and all("shorter" in line and "no shorter" not in line for line in lines)
+    assert load_schedule(out).makespan < gpipe.makespan
+
+    result = runner.invoke(app, [*args, "--start", str(tmp_path / "gpipe.json"), "--json"])
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert metrics["starts"] == [{"file": str(tmp_path / "gpipe.json"), "makespan": pytest.approx(gpipe.makespan)}]
+
+
+def test_cli_leaves_out_a_start_over_the_memory_limit(tmp_path):
+    problem = uniform_problem(3, 6, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=3.0)
+    problem_path = _files(tmp_path, problem)
+    save_schedule(generate(problem.model_copy(update={"memory_limit": None}), "gpipe"), tmp_path / "gpipe.json")
+    out = tmp_path / "out.json"
+    result = runner.invoke(
+        app, ["solve", str(problem_path), "-o", str(out), "--time-limit", "1", "-q", "--start", str(tmp_path / "gpipe.json")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "over the memory limit" in result.stderr and "not used" in result.stderr
+    assert load_schedule(out).fits_memory()
+
+
+@pytest.mark.parametrize(
+    "make_start,expected",
+    [
+        (lambda tmp: generate(uniform_problem(3, 4, memory_limit=3.0), "1f1b"), "invalid schedule: missing"),
+        (lambda tmp: generate(uniform_problem(2, 6, memory_limit=3.0), "1f1b"), "order has 2 devices, the problem 3"),
+        (lambda tmp: generate(uniform_problem(3, 8, memory_limit=3.0), "1f1b"), "microbatch out of range"),
+        (None, "not a pipesched schedule"),
+    ],
+)
+def test_cli_refuses_a_start_that_is_not_an_order_of_the_problem(tmp_path, make_start, expected):
+    problem_path = _files(tmp_path, uniform_problem(3, 6, memory_limit=3.0))
+    start = tmp_path / "theirs.json"
+    if make_start is None:
+        start.write_text("{}")
+    else:
+        save_schedule(make_start(tmp_path), start)
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["solve", str(problem_path), "-o", str(out), "--time-limit", "1", "-q", "--start", str(start)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: --start: {start}") and expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        (["--method", "1f1b"], "--start: only with --method auto, cpsat or milp"),
+        (["--start", "PROBLEM"], "is also the input"),
+    ],
+)
+def test_cli_refuses_start_where_it_cannot_apply(tmp_path, extra, expected):
+    problem_path = _files(tmp_path, uniform_problem(3, 6, memory_limit=3.0))
+    start = tmp_path / "theirs.json"
+    save_schedule(generate(uniform_problem(3, 6, memory_limit=3.0), "1f1b"), start)
+    output = str(start) if "PROBLEM" in extra else str(tmp_path / "out.json")
+    extra = [str(start) if a == "PROBLEM" else a for a in extra]
+    result = runner.invoke(app, ["solve", str(problem_path), "-o", output, "-q", "--start", str(start), *extra])
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr
