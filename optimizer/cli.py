@@ -730,12 +730,24 @@ def compare(
     problem_file: Path = typer.Argument(..., metavar="PROBLEM.json", help="Problem to compare schedules on."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     with_torch: bool = typer.Option(False, "--torch", help="Add torch.distributed.pipelining's built-in schedules (needs torch)."),
+    schedules: list[Path] = typer.Option(
+        [],
+        "--schedule",
+        metavar="SCHEDULE",
+        help="Add your schedule (schedule JSON, or torch CSV ending in .csv), its order timed on the problem. Repeatable.",
+    ),
 ) -> None:
-    """Compare every applicable schedule family: makespan, bubble, peak memory, fits the limit."""
+    """Compare every applicable schedule family: makespan, bubble, peak memory, fits the limit.
+
+    With --schedule, your schedules too (e.g. another scheduler's), as `solve --start` reads them.
+    """
+    from optimizer.starts import load_start
+
     loaded = load_problem(problem_file)
     if with_torch and loaded.num_slices > 1:
         raise InputError(f"--torch: torch.distributed.pipelining's schedules have no token slices ({problem_file} has {loaded.num_slices})")
-    rows = torch_comparison_rows(loaded) if with_torch else comparison_rows(loaded)
+    given = {str(path): load_start(path, loaded, option="--schedule").schedule for path in schedules}
+    rows = torch_comparison_rows(loaded, given) if with_torch else comparison_rows(loaded, given)
     if as_json:
         print(json.dumps(rows))
     else:
@@ -785,12 +797,12 @@ def show(
     print(f"wrote {output}")
 
 
-def torch_comparison_rows(problem: Problem) -> list[dict]:
+def torch_comparison_rows(problem: Problem, extra: dict[str, Schedule] | None = None) -> list[dict]:
     """`comparison_rows` plus torch's built-in schedules, from torch's own order code."""
     from runtime.torch_orders import builtin_schedules
 
     schedules, refused = builtin_schedules(problem)
-    rows = comparison_rows(problem, schedules)
+    rows = comparison_rows(problem, {**schedules, **(extra or {})})
     for name, reason in refused.items():
         rows.append({"method": name, "makespan": None, "bubble_ratio": None, "peak_memory": None, "fits_memory": False, "note": reason})
     return rows

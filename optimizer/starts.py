@@ -36,9 +36,9 @@ def start_name(path: Path) -> str:
     return f"start({name})"
 
 
-def load_start(path: Path, problem: Problem) -> Start:
+def load_start(path: Path, problem: Problem, option: str = "--start") -> Start:
     """The schedule in `path` (torch CSV when it ends in .csv, else schedule JSON), its order
-    timed on `problem`; InputError naming --start and the file when it is not an order of
+    timed on `problem`; InputError naming `option` and the file when it is not an order of
     the problem's ops that can run (memory is not checked here: `Schedule.fits_memory`)."""
     # Imported here: the CSV reader pulls in torch's action names, the JSON reader pydantic models.
     from optimizer.formats import schedule_json, torch_csv
@@ -52,5 +52,5 @@ def load_start(path: Path, problem: Problem) -> Start:
     except PipeschedError as error:
         message = str(error)
         named = message if message.startswith(str(path)) else f"{path}: {message}"
-        raise InputError(f"--start: {named}") from None
+        raise InputError(f"{option}: {named}") from None
     return Start(start_name(path), path, schedule)

@@ -82,12 +82,17 @@ def _files(tmp_path, problem):
     return problem_path
 
 
+def _problem_and_theirs(tmp_path, limit, family):
+    """The problem's file, and `family`'s schedule of it saved as FAMILY.json and FAMILY.csv."""
+    problem = uniform_problem(3, 6, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=limit)
+    theirs = generate(problem, family)
+    save_schedule(theirs, tmp_path / f"{family}.json")
+    (tmp_path / f"{family}.csv").write_text(torch_csv.export_csv(theirs))
+    return _files(tmp_path, problem), theirs
+
+
 def test_cli_reports_how_much_shorter_than_each_start(tmp_path):
-    problem = uniform_problem(3, 6, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=6.0)
-    problem_path = _files(tmp_path, problem)
-    gpipe = generate(problem, "gpipe")
-    save_schedule(gpipe, tmp_path / "gpipe.json")
-    (tmp_path / "gpipe.csv").write_text(torch_csv.export_csv(gpipe))
+    problem_path, gpipe = _problem_and_theirs(tmp_path, 6.0, "gpipe")
     out = tmp_path / "out.json"
     args = ["solve", str(problem_path), "-o", str(out), "--time-limit", "2", "-q"]
     result = runner.invoke(app, [*args, "--start", str(tmp_path / "gpipe.json"), "--start", str(tmp_path / "gpipe.csv")])
@@ -153,3 +158,17 @@ def test_cli_refuses_start_where_it_cannot_apply(tmp_path, extra, expected):
     result = runner.invoke(app, ["solve", str(problem_path), "-o", output, "-q", "--start", str(start), *extra])
     assert result.exit_code == 2, result.output
     assert expected in result.stderr
+
+
+def test_compare_adds_a_row_for_each_given_schedule(tmp_path):
+    problem_path, _ = _problem_and_theirs(tmp_path, 3.0, "zb-h1")
+    given = [arg for name in ("zb-h1.json", "zb-h1.csv") for arg in ("--schedule", str(tmp_path / name))]
+    result = runner.invoke(app, ["compare", str(problem_path), "--json", *given])
+    assert result.exit_code == 0, result.output
+    rows = {row["method"]: row for row in json.loads(result.stdout)}
+    for name in ("zb-h1.json", "zb-h1.csv"):
+        assert rows[str(tmp_path / name)]["makespan"] == pytest.approx(rows["zb-h1"]["makespan"])
+
+    save_schedule(generate(uniform_problem(3, 4, memory_limit=3.0), "1f1b"), tmp_path / "other.json")
+    result = runner.invoke(app, ["compare", str(problem_path), "--schedule", str(tmp_path / "other.json")])
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: --schedule: {tmp_path / 'other.json'}")
