@@ -982,6 +982,29 @@ def test_the_highs_worker_ends_with_a_solve_killed_outright(tmp_path) -> None:
         assert not folder.exists()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CBC is watched through Linux's parent-death signal")
+def test_cbc_ends_with_a_solve_killed_outright(tmp_path) -> None:
+    # PuLP starts CBC as a program of its own; a solve killed outright left it running to
+    # its time limit and its folder (the model) behind.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    problem = hard_problem(tmp_path, microbatches=12)
+    arguments = ["solve", str(problem), "--method", "milp", "--time-limit", "120", "-q", "-o", "s.json"]
+    with ended_session(start(arguments, tmp_path, tmp)) as process:
+        solvers: list[tuple[int, list[str]]] = []
+
+        def cbc_started() -> bool:
+            solvers[:] = [w for w in _processes_mentioning(str(tmp)) if Path(w[1][0]).name == "cbc"]
+            return bool(solvers)
+
+        assert wait_for(cbc_started, 60), "CBC never started"
+        folder = next(Path(a).parent for a in solvers[0][1] if a.endswith(".mps"))
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=HANG_GUARD_SECONDS)
+        assert wait_for(lambda: not _processes_mentioning(str(tmp)), 10), _processes_mentioning(str(tmp))
+        assert not folder.exists()
+
+
 def test_sigterm_during_solve_writes_the_best_schedule_so_far(tmp_path) -> None:
     with ended_session(start(["solve", str(hard_problem(tmp_path)), "--time-limit", "60", "-o", "s.json"], tmp_path, tmp_path)) as process:
         assert process.stderr is not None

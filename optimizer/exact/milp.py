@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -259,6 +260,10 @@ def _solve_with_pulp(model: pulp.LpProblem, backend, name: str, kill_at: float) 
     with tempfile.TemporaryDirectory(prefix="pipesched-milp-") as folder:
         if hasattr(backend, "tmpDir"):
             backend.tmpDir = folder
+        # On Linux CBC runs under a watcher (cbc_watch.py) started from a script in the
+        # folder; where the folder's file system runs no programs (noexec), it runs bare.
+        if isinstance(backend, pulp.COIN_CMD) and sys.platform.startswith("linux") and not os.statvfs(folder).f_flag & os.ST_NOEXEC:
+            backend.path = _watched(backend.path, folder)
         # Kill only: PuLP's own wait reaps the process.
         watchdog = threading.Timer(max(0.0, kill_at - time.monotonic()), _kill_children_using, (folder, False))
         watchdog.daemon = True
@@ -282,6 +287,21 @@ def _solve_with_pulp(model: pulp.LpProblem, backend, name: str, kill_at: float) 
     return model.sol_status == pulp.LpSolutionOptimal, 0.0, False
 
 
+# How long a solver process stopped with SIGTERM may take to end before SIGKILL.
+STOP_GRACE_SECONDS = 1.0
+
+
+def _watched(cbc: str, folder: str) -> str:
+    """A program in `folder` that runs `cbc` under cbc_watch.py (CBC then ends with this
+    process, even killed outright, and the folder goes with it)."""
+    watcher = Path(__file__).with_name("cbc_watch.py")
+    command = " ".join(shlex.quote(part) for part in (sys.executable, str(watcher), str(os.getpid()), folder, cbc))
+    script = Path(folder) / "cbc"
+    script.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+    script.chmod(0o700)
+    return str(script)
+
+
 def _children_using(folder: str) -> list[int]:
     """Our own child processes whose command line mentions `folder` (Linux /proc; [] elsewhere)."""
     me = os.getpid()
@@ -297,12 +317,29 @@ def _children_using(folder: str) -> list[int]:
 
 
 def _kill_children_using(folder: str, reap: bool = True) -> None:
-    for pid in _children_using(folder):
+    """Stop them: SIGTERM first (CBC's watcher then kills and reaps CBC), SIGKILL after
+    STOP_GRACE_SECONDS; with `reap`, wait for them (the Popen object that would have is gone)."""
+    children = _children_using(folder)
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    until = time.monotonic() + STOP_GRACE_SECONDS
+    while children and time.monotonic() < until and any(_alive_child(pid) for pid in children):
+        time.sleep(0.01)
+    for pid in children:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
         if reap:
-            with contextlib.suppress(OSError):  # reap it: the Popen object that would have is gone
+            with contextlib.suppress(OSError):
                 os.waitpid(pid, 0)
+
+
+def _alive_child(pid: int) -> bool:
+    """Whether our child `pid` has not ended yet (an ended one not yet reaped has)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _solve_with_highs_worker(
