@@ -50,6 +50,10 @@ from optimizer.vocab_layers import VocabSharding, shard_vocabulary
 CANDIDATE_SHARE = 0.25
 LOCAL_SEARCH_SHARE = 0.25
 SOLVED_SPLITS = 2  # searched splits the solver gets a share for, beside the named ones
+# Where no split had a known schedule when the time ran out, the first one gets `auto`
+# for this long (its starting points find a fitting schedule whenever one exists, even
+# past it): p = 32, 32 layers, m = 8 at a 0.01 s limit had no schedule at all.
+RESCUE_SECONDS = 0.5
 
 
 @dataclass
@@ -165,6 +169,21 @@ class _SplitSearch:
             if objective_value(solved, objective) < trial.value(objective):
                 trial.schedule = solved
 
+    def rescue(self) -> list[SplitTrial]:
+        """The first split tried that left no schedule for lack of time (not of memory),
+        solved for RESCUE_SECONDS; [] when there is none, or its memory allows none."""
+        for trial in self.trials:
+            if trial.problem is None or trial.need is not None:
+                continue
+            try:
+                trial.schedule = self.solve(trial.problem, replace(self.options, time_limit=RESCUE_SECONDS))
+            except InfeasibleError as error:
+                trial.reason = str(error)
+                continue
+            trial.reason = None
+            return [trial]
+        return []
+
 
 def candidate_splits(profile: LayersProfile, num_stages: int, hand_rules: bool = True) -> dict[str, Split]:
     """The splits every search starts from, by name (duplicates dropped, first name kept).
@@ -209,6 +228,14 @@ def choose_split(
     except KeyboardInterrupt:
         interrupted = True
     fitting = [t for t in search.trials if t.schedule is not None]
+    if not fitting and not interrupted:
+        # Time ran out before any split had a known schedule (many stages, a short limit):
+        # the first split whose memory allows one is solved past the limit, as `auto`
+        # finds a fitting schedule whenever one exists, however short its limit.
+        try:
+            fitting = search.rescue()
+        except KeyboardInterrupt:
+            interrupted = True
     if not fitting:
         if interrupted:
             raise KeyboardInterrupt
@@ -261,7 +288,8 @@ def choose_vocab_split(
 def _no_split_fits(trials: list[SplitTrial], memory_limit: float | None) -> SplitInfeasible:
     least = min((t for t in trials if t.need is not None), key=lambda t: t.need or 0.0, default=None)
     if least is None or least.need is None:
-        return SplitInfeasible(f"memory_limit: no split tried has a schedule within {memory_limit:g}", float("inf"))
+        within = "" if memory_limit is None else f" within {memory_limit:g}"
+        return SplitInfeasible(f"memory_limit: no split tried has a schedule{within}", float("inf"))
     return SplitInfeasible(
         f"memory_limit: no split fits {memory_limit:g}; the least any split tried needs is {least.need:.4g} "
         f"({least.name}, {'/'.join(map(str, least.split))}): raise the limit or use more devices",

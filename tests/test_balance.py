@@ -9,11 +9,13 @@ import random
 import pytest
 from typer.testing import CliRunner
 
+from optimizer import balance
 from optimizer.balance import candidate_splits, choose_split
 from optimizer.cli import app
 from optimizer.errors import InputError
 from optimizer.exact import SolveOptions, solve
 from optimizer.formats.megatron_layout import expand_layout, layout_for, parse_layout
+from optimizer.formats.schedule_json import load_schedule
 from optimizer.layer_costs import DecoderSizes, decoder_layers
 from optimizer.layers import FORMAT, VERSION, layers_from_json
 from optimizer.problem import problem_from_json
@@ -187,6 +189,30 @@ def test_no_split_fits_says_the_least_limit_and_that_limit_works():
     assert "raise the limit" in str(error.value)
     result = choose_split(profile, placement, 3, need, SolveOptions(time_limit=2), _auto)
     assert result.chosen.schedule is not None and result.chosen.schedule.fits_memory()
+
+
+@pytest.mark.parametrize("limit", [None, 1e6])
+def test_a_split_is_solved_past_the_limit_when_time_ran_out_before_any_had_a_schedule(monkeypatch, limit):
+    # Many stages and a short limit: the families give nothing in time for any split. The
+    # first split is then solved anyway (without a limit the report of no split failed).
+    monkeypatch.setattr(balance, "generator_candidates", lambda problem, **options: ([], {}))
+    profile = layers_from_json(random_layers(random.Random(3), 6))
+    placement = Placement.named("linear", 3)
+    result = choose_split(profile, placement, 4, limit, SolveOptions(time_limit=0.5), _auto)
+    chosen = result.chosen
+    assert chosen.name == "even" and chosen.schedule is not None and chosen.problem is not None
+    assert validate(chosen.problem, chosen.schedule.devices) == []
+
+
+@pytest.mark.slow
+def test_cli_layers_solve_with_a_very_short_limit_still_writes_a_schedule(tmp_path):
+    runner = CliRunner()
+    layers_file, schedule_file = tmp_path / "l.json", tmp_path / "s.json"
+    assert runner.invoke(app, ["layers", "--blocks", "32", "-o", str(layers_file)]).exit_code == 0
+    result = runner.invoke(app, ["solve", str(layers_file), "-p", "32", "-m", "8", "--time-limit", "0.01", "-q", "-o", str(schedule_file)])
+    assert result.exit_code == 0, result.output
+    assert "chosen split" in result.stdout
+    load_schedule(schedule_file)  # validates it
 
 
 # ------------------------------------------------------------------------------ Megatron layout
