@@ -29,7 +29,7 @@ from optimizer.exact.options import OBJECTIVES
 from optimizer.formats.choose import choose_format, refuse_other_format
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.interrupts import interrupts_deferred, terminations_as_interrupts
-from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs
+from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs, writes_stdout
 from optimizer.problem import Problem, load_problem, problem_from_json, uniform_problem
 from optimizer.schedule import Schedule
 
@@ -64,8 +64,15 @@ def user_errors(command: Command) -> Command:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        # Written to standard output (-o /dev/stdout into a pipe), a file must not get the
+        # command's report mixed in: the report goes to stderr then.
+        files = [kwargs.get(name) for name in OUTPUT_OPTIONS]
+        report = (
+            contextlib.redirect_stdout(sys.stderr) if any(writes_stdout(f) for f in files if f is not None) else contextlib.nullcontext()
+        )
         try:
-            return command(*args, **kwargs)
+            with report:
+                return command(*args, **kwargs)
         except PipeschedError as error:
             print(f"error: {one_line(str(error))}", file=sys.stderr)
             raise typer.Exit(error.exit_code) from None
@@ -76,6 +83,8 @@ def user_errors(command: Command) -> Command:
     return cast(Command, wrapper)
 
 
+# The options of the commands that name files they write.
+OUTPUT_OPTIONS = ("output", "plot")
 # Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
 INTERRUPTED = 130
 # The longest --time-limit taken (about 11 days): any finite number beyond is a typo.

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -254,6 +255,25 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
+def writes_stdout(path: str | Path) -> bool:
+    """Whether `path` is this process's standard output (e.g. /dev/stdout, or a file
+    standard output is redirected to)."""
+    try:
+        given, stdout = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no such file, or stdout is no real file
+        return False
+    return (given.st_dev, given.st_ino) == (stdout.st_dev, stdout.st_ino)
+
+
+def output_target(path: str | Path) -> Path:
+    """Where writing `path` lands: its symbolic links followed; a link that names no path
+    (/dev/stdout on a pipe points at "pipe:[...]") is written through as given."""
+    resolved = Path(os.path.realpath(path))
+    if not resolved.exists() and os.path.exists(path):
+        return Path(path)
+    return resolved
+
+
 def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | Path | None] = ()) -> None:
     """Refuse, before any work, an output that cannot be written or would overwrite an input.
 
@@ -271,7 +291,7 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
             continue
     seen: list[Path] = []
     for path in wanted:
-        target = Path(os.path.realpath(path))
+        target = output_target(path)
         if target in seen:
             raise InputError(f"{path}: given as two outputs")
         seen.append(target)
@@ -332,7 +352,7 @@ def write_outputs(outputs: Sequence[tuple[str | Path, str]]) -> None:
     Readers see the old content or the whole new one. Errors (a full disk, a folder that
     is not writable) are InputError naming the path; no temporary file is left behind.
     """
-    staged = [_Staged(Path(path), Path(os.path.realpath(path)), text) for path, text in outputs]
+    staged = [_Staged(Path(path), output_target(path), text) for path, text in outputs]
     check_outputs([s.path for s in staged])
     current: _Staged | None = None
     try:

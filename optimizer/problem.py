@@ -497,13 +497,24 @@ def uniform_problem(
 
 def load_problem(path: str | Path) -> Problem:
     """Read and validate a problem JSON file; errors name the file and the field."""
-    from optimizer.io import read_model
+    from optimizer.io import read_json
 
-    return read_model(Problem, path)
+    return problem_from_json(read_json(path), str(path))
+
+
+# Other pipesched files given where a problem is wanted, by their "format", and what to do.
+_NOT_A_PROBLEM = {
+    "pipesched.schedule": 'a schedule, not a problem (its problem is the file\'s "problem" field)',
+    "pipesched.layers": "a layers file, not a problem (`solve LAYERS.json -p P -m M` chooses the split and writes the schedule)",
+}
 
 
 def problem_from_json(data: object, source: str = "problem") -> Problem:
     """Validate parsed problem JSON; errors name the source and the field."""
+    from optimizer.errors import InputError
     from optimizer.io import validate_model
 
+    kind = data.get("format") if isinstance(data, dict) else None
+    if isinstance(kind, str) and kind in _NOT_A_PROBLEM:
+        raise InputError(f"{source}: is {_NOT_A_PROBLEM[kind]}")
     return validate_model(Problem, data, source)

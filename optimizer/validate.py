@@ -8,22 +8,43 @@ transfer time across devices, and the memory limit.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 
 from optimizer.errors import ScheduleError
 from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, dependencies, op_device, op_duration, op_memory, transfer_delay
-from optimizer.problem import Problem
+from optimizer.problem import Problem, Tables
 from optimizer.schedule import Schedule
 
-# Times are floats from the user's units; sums of a few thousand durations carry
-# rounding of about 1e-12 relative, so a relative slack of 1e-9 never hides a real
-# violation (the smallest op is > 0 and typically >= 1e-3 of the makespan).
+# Times and memory are floats in the user's units; sums of a few thousand of them carry
+# rounding of about 1e-12 relative, which a relative slack of 1e-9 absorbs. For times that
+# slack is capped at TIME_CAP_SHARE of the problem's shortest op: a timeline shifted far
+# from zero (ops at 1e9 lasting 1) or ops of 1e-10 would otherwise hide an op squeezed to
+# nothing or two ops overlapping; and it is never below FLOAT_ULPS units in the last place
+# of the times compared (what a float there can tell apart). Memory keeps 1e-9 relative
+# of the limit, as every memory check of pipesched does (Schedule.fits_memory).
 _RELATIVE_TOLERANCE = 1e-9
+TIME_CAP_SHARE = 1e-3
+FLOAT_ULPS = 8
 
 
-def _slack(*values: float) -> float:
-    return _RELATIVE_TOLERANCE * max(1.0, *(abs(v) for v in values))
+def _slack(*values: float, cap: float = math.inf) -> float:
+    largest = max(abs(v) for v in values)
+    return max(FLOAT_ULPS * math.ulp(largest), min(_RELATIVE_TOLERANCE * max(1.0, largest), cap))
+
+
+def _shortest_op(tables: Tables) -> float:
+    """The shortest op's duration (inf where no op lasts)."""
+    lasting = [
+        *(f * min(tables.slice_cost) for f in tables.forward),
+        *(b * min(tables.slice_cost) for b in tables.backward_input),
+        *(w * min(tables.slice_share) for w in tables.backward_weight),
+        *tables.backward,
+    ]
+    if tables.vocab_barriers:
+        lasting += [tables.vocab_forward, tables.vocab_backward]
+    return min((t for t in lasting if t > 0), default=math.inf)
 
 
 def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str]:
@@ -68,6 +89,7 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
     if violations:
         return violations  # timing checks on a malformed schedule would only add noise
 
+    cap = TIME_CAP_SHARE * _shortest_op(tables)
     for d, ops in enumerate(devices):
         usage, limit = 0.0, tables.limit[d]
         # One line per device for memory: the first op that overflows, the peak and how long it lasts.
@@ -76,14 +98,14 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
         previous: TimedOp | None = None
         for op in ops:
             expected = op_duration(tables, op.kind, op.stage, op.slice)
-            if abs((op.end - op.start) - expected) > _slack(op.start, op.end):
+            if abs((op.end - op.start) - expected) > _slack(op.start, op.end, cap=cap):
                 violations.append(f"duration: {op.op} on device {d} lasts {op.end - op.start:g}, expected {expected:g}")
-            if previous is not None and op.start < previous.end - _slack(previous.end):
+            if previous is not None and op.start < previous.end - _slack(previous.end, cap=cap):
                 violations.append(f"overlap: {op.op} starts at {op.start:g} on device {d} before {previous.op} ends at {previous.end:g}")
             for key in dependencies(op, num_stages, num_slices, vocab):
                 dep_op = _dependency_op(key, ends)
                 ready = ends[dep_op] + transfer_delay(dep_op, d, tables.device, problem.comm_time, tables.barrier_time)
-                if op.start < ready - _slack(ready):
+                if op.start < ready - _slack(ready, cap=cap):
                     violations.append(f"dependency: {op.op} starts at {op.start:g}, before {dep_op} is available at {ready:g}")
             usage += op_memory(tables, op.kind, op.stage, op.slice)
             if usage > limit + _slack(limit):

@@ -159,6 +159,24 @@ def test_bad_problem_gets_one_line_naming_the_field(tmp_path, mutate, expected):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["compare", "pareto", "import"])
+def test_a_schedule_or_layers_file_given_as_the_problem_says_what_it_is(tmp_path, command):
+    # Before: "num_devices: Field required", as if a problem had lost a field.
+    schedule = write(tmp_path, "s.json", _solved(tmp_path))
+    layers = write(tmp_path, "l.json", {"format": "pipesched.layers", "version": 1, "layers": []})
+    for given, expected in ((schedule, "is a schedule, not a problem"), (layers, "is a layers file, not a problem")):
+        args = {
+            "compare": ["compare", given],
+            "pareto": ["pareto", given, "--limits", "2", "-o", tmp_path / "c.json"],
+            "import": ["import", tmp_path / "x.csv", "--problem", given, "-o", tmp_path / "i.json"],
+        }[command]
+        (tmp_path / "x.csv").write_text("F0\n")
+        result = invoke(*args)
+        assert result.exit_code == 2, result.output
+        line = one_error_line(result)
+        assert str(given) in line and expected in line
+
+
 @pytest.mark.parametrize("method", ["auto", "cpsat", "greedy", "milp"])
 def test_memory_deltas_within_the_tolerance_leave_nothing_to_pile_up(tmp_path, method):
     # F +1, B -0.5, W -0.4999999: 1e-7 short of zero, within the tolerance. Kept as given,
@@ -246,6 +264,9 @@ def test_schedule_of_another_format_is_refused(tmp_path):
         ({"status": "optimal\u001b[31m"}, "metrics.status: Input should be 'optimal', 'feasible' or 'heuristic'"),
         ({"solve_seconds": -1.0}, "metrics.solve_seconds: Input should be greater than or equal to 0"),
         ({"method_won": "x" * 5000}, "metrics.method_won: String should have at most 1000 characters"),
+        # Claims the schedule contradicts (its makespan is 9): validate printed them as they came.
+        ({"lower_bound": 1e6}, "metrics.lower_bound: 1e+06 is above the schedule's makespan 9"),
+        ({"status": "optimal", "gap": 0.9}, "metrics.status: optimal with a gap of 0.9"),
     ],
 )
 def test_a_schedules_metrics_out_of_their_range_are_refused(tmp_path, metrics, expected):

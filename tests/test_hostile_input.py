@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from optimizer.formats import schedule_json, torch_csv
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.layer_costs import DecoderSizes, decoder_layers
 from optimizer.layers import layers_to_json
@@ -1034,6 +1035,27 @@ def test_a_full_standard_output_is_one_line_not_a_traceback(tmp_path) -> None:
         )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == ["error: standard output: No space left on device"]
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        (["export", "{s}", "--format", "torch-csv", "-o", "/dev/stdout"], lambda s: torch_csv.export_csv(s)),
+        (["export", "{s}", "--format", "schedule-json", "-o", "/dev/stdout"], lambda s: schedule_json.write(s)),
+    ],
+)
+def test_an_output_to_standard_output_through_a_pipe_gets_the_file_alone(tmp_path, command, expected) -> None:
+    # /dev/stdout on a pipe points at "pipe:[...]", which no path names: it was refused
+    # ("cannot write in /dev"); and the report line would have been mixed into the file.
+    problem = uniform_problem(2, 4)
+    schedule = generate(problem, "1f1b")
+    save_schedule(schedule, tmp_path / "s.json")
+    args = [a.replace("{s}", str(tmp_path / "s.json")) for a in command]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(CLI + args, env=environment, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected(load_schedule(tmp_path / "s.json"))
+    assert "wrote /dev/stdout" in result.stderr
 
 
 def test_a_closed_standard_output_is_one_line_and_nothing_is_written(tmp_path) -> None:

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from optimizer.errors import DeadlockError
 from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration
-from optimizer.problem import Problem
+from optimizer.problem import Problem, uniform_problem
 from optimizer.schedule import peak_memory
+from optimizer.schedules import generate
 from optimizer.simulate import simulate, simulate_times
 from optimizer.validate import validate
 
@@ -168,3 +169,29 @@ def test_the_run_order_puts_every_op_after_its_dependencies_even_between_equal_t
         assert k == 0 or position[(d, k - 1)] < i
         for dep in dependencies(timed[d][k], problem.num_stages, problem.num_slices, tables.vocab_rule()):
             assert produced[dep] < i
+
+
+def _shifted(devices, offset, squeeze=lambda op: op):
+    return [[squeeze(op._replace(start=op.start + offset, end=op.end + offset)) for op in ops] for ops in devices]
+
+
+@pytest.mark.parametrize("offset", [1e6, 1e9, 1e12])
+def test_a_timeline_far_from_zero_is_judged_at_its_ops_scale(offset):
+    # The slack was 1e-9 of the times compared: at 1e9 an op squeezed to nothing (ends
+    # where it starts) passed, as did an overlap of half an op (at 1e6 it caught both).
+    problem = uniform_problem(3, 4, 1.0, 1.0, 0.6, comm_time=0.03)
+    devices = simulate(problem, generate(problem, "zb-h1").order()).devices
+    assert validate(problem, _shifted(devices, offset)) == []
+    collapsed = _shifted(devices, offset, lambda op: op._replace(end=op.start))
+    assert any(v.startswith("duration:") for v in validate(problem, collapsed))
+    first = devices[0][1]  # the second op of device 0 moved onto the first's last half
+    early = [[op._replace(start=op.start - 0.5, end=op.end - 0.5) if op is first else op for op in devices[0]], *devices[1:]]
+    assert any(v.startswith(("overlap:", "dependency:")) for v in validate(problem, _shifted(early, offset)))
+
+
+def test_ops_far_shorter_than_the_slack_still_count():
+    problem = uniform_problem(2, 3, 1e-10, 1e-10, 1e-10)
+    devices = simulate(problem, generate(problem, "1f1b").order()).devices
+    assert validate(problem, devices) == []
+    collapsed = [[op._replace(start=0.0, end=0.0) for op in ops] for ops in devices]
+    assert any(v.startswith("duration:") for v in validate(problem, collapsed))

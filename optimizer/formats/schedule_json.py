@@ -44,9 +44,9 @@ class _OpRecord(BaseModel):
 
 
 class _MetricsRecord(BaseModel):
-    # What the optimizer adds (the rest is computed again on loading); other keys are kept
-    # for newer writers. Ranges as the optimizer writes them: a bound is a time, a gap a
-    # share of the makespan.
+    # What the optimizer adds (the rest is computed again on loading); other keys, from
+    # newer writers, are accepted and not kept. Ranges as the optimizer writes them: a
+    # bound is a time, a gap a share of the makespan (or span).
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
     lower_bound: float | None = Field(default=None, ge=0, le=_MAX_TIME)
     gap: float | None = Field(default=None, ge=0, le=1)
@@ -106,11 +106,21 @@ def schedule_from_json(data: object, source: str = "schedule", *, check: bool = 
         if violations:
             raise ScheduleError(source, violations)
     schedule = Schedule(record.problem, record.method, devices)
+    _check_metrics(record.metrics, schedule.makespan, source)
     extra = record.metrics.model_dump(exclude_none=True)
     for name in ("lower_bound", "gap", "status", "method_won", "solve_seconds"):
         if name in extra:
             setattr(schedule.metrics, name, extra[name])
     return schedule
+
+
+def _check_metrics(metrics: _MetricsRecord, makespan: float, source: str) -> None:
+    """Refuse a solver's claims the schedule itself contradicts: a lower bound above its
+    makespan (a bound on the longest span is below it too), or "optimal" with a gap."""
+    if metrics.lower_bound is not None and metrics.lower_bound > makespan * (1 + 1e-9) + 1e-12:
+        raise InputError(f"{source}: metrics.lower_bound: {metrics.lower_bound:g} is above the schedule's makespan {makespan:g}")
+    if metrics.status == "optimal" and metrics.gap is not None and metrics.gap > 1e-9:
+        raise InputError(f"{source}: metrics.status: optimal with a gap of {metrics.gap:g} (a proof closes the gap)")
 
 
 def _check_shape(problem: Problem, devices: list[list[TimedOp]], source: str) -> None:
