@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optimizer.exact import SolveOptions, solve
-from optimizer.exact.api import WHOLE_MODEL_MAX_OPS
+from optimizer.exact.api import WHOLE_MODEL_MAX_OPS, whole_model_refusal
 from optimizer.io import write_json_atomic
 from optimizer.problem import uniform_problem
 
@@ -51,7 +51,7 @@ def main() -> None:
     rows = []
     for name, problem in cases():
         for method in args.methods.split(","):
-            if problem.num_ops > WHOLE_MODEL_MAX_OPS.get(method, problem.num_ops):
+            if whole_model_refusal(problem, method) is not None:
                 # Refused up front (the size contract): nothing to time.
                 print(f"{name:20s} {method:6s} {problem.num_ops:6d} ops  refused (over {WHOLE_MODEL_MAX_OPS[method]} ops)", flush=True)
                 continue

@@ -357,6 +357,25 @@ def test_whole_model_methods_refuse_sizes_past_their_limit(method):
     assert_valid(schedule)
 
 
+@pytest.mark.parametrize("method", ["cpsat", "milp"])
+def test_fused_or_split_choices_count_toward_the_whole_models_size(method):
+    # BW shorter than B + W: every backward is a choice, weighing CHOICE_WEIGHT ops more
+    # (at 3192 ops CP-SAT's presolve ran 8.5 s past a 1 s limit with them, 2 s without).
+    from optimizer.exact.api import CHOICE_WEIGHT, WHOLE_MODEL_MAX_OPS
+
+    limit = WHOLE_MODEL_MAX_OPS[method]
+    per_microbatch = 12 + CHOICE_WEIGHT * 4  # 4 linear stages: 12 ops and 4 choices per microbatch
+    fused = zb_problem(4, limit // per_microbatch + 1).model_dump()
+    for stage in fused["stages"]:
+        stage["backward"] = 1.0  # shorter than B + W
+    problem = Problem.model_validate(fused)
+    assert problem.num_ops <= limit  # refused for its choices alone
+    with pytest.raises(InputError, match=f"fused-or-split choices .* keeps its time limit up to {limit} ops"):
+        solve(problem, method, SolveOptions(time_limit=1))
+    fitting = Problem.model_validate({**fused, "num_microbatches": limit // per_microbatch})
+    assert_valid(solve(fitting, method, SolveOptions(time_limit=1)))
+
+
 @pytest.mark.parametrize("tiny", [1e-12, 1e-300])
 def test_an_op_far_below_the_others_rounds_down_within_the_horizon(tiny):
     # A W of 1e-12 would need a grid of 10**15 ticks: the grid stops at the horizon cap

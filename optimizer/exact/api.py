@@ -24,6 +24,7 @@ from optimizer.exact.spantiming import final_timing_seconds
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
 from optimizer.exact.tracker import Tracker
+from optimizer.ops import fusing_can_win
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from optimizer.schedules.listengine import check_memory_feasible
@@ -34,6 +35,28 @@ METHODS = ("auto", "cpsat", "milp")
 # and 6.4 s late at 6144; the big-M MILP took 7.3 s at 768 ops and 82 s at 1536 (PuLP
 # writes a pair of ordering binaries for every two ops of a device).
 WHOLE_MODEL_MAX_OPS = {"cpsat": 3200, "milp": 400}
+# A fused-or-split choice (optimizer.ops.fusing_can_win) weighs as this many ops more: with
+# every backward a choice (BW shorter than B + W, B allocating, under a limit) CP-SAT's
+# presolve ran 3.0 s past a 1 s limit at 1920 ops and 8.5 s at 3192, against 2.0 s
+# at 1584 (p = 8); without choices 3192 ops ran 1.6-2 s past it.
+CHOICE_WEIGHT = 2
+
+
+def whole_model_refusal(problem: Problem, method: str) -> str | None:
+    """Why `method` refuses `problem` up front (a whole model too large to keep its time
+    limit), or None when it takes it."""
+    if method not in WHOLE_MODEL_MAX_OPS:
+        return None
+    tables = problem.tables()
+    choosing = sum(fusing_can_win(tables, s, k) for s in range(problem.num_stages) for k in range(problem.num_slices))
+    ops, choices = problem.num_ops, choosing * problem.num_microbatches
+    if ops + CHOICE_WEIGHT * choices <= WHOLE_MODEL_MAX_OPS[method]:
+        return None
+    held = f"all {ops} ops" + (f" and {choices} fused-or-split choices (each weighs as {CHOICE_WEIGHT} ops)" if choices else "")
+    return (
+        f"method: {method} builds one model of {held} and keeps its time limit up to "
+        f"{WHOLE_MODEL_MAX_OPS[method]} ops; use --method auto, which decomposes larger problems"
+    )
 
 
 def solve(
@@ -53,12 +76,9 @@ def solve(
         raise InputError(f"objective: '{options.objective}' is not one of {', '.join(OBJECTIVES)}")
     if options.time_limit <= 0:
         raise InputError(f"time_limit: must be positive, got {options.time_limit:g}")
-    ops = problem.num_ops
-    if method in WHOLE_MODEL_MAX_OPS and ops > WHOLE_MODEL_MAX_OPS[method]:
-        raise InputError(
-            f"method: {method} builds one model of all {ops} ops and keeps its time limit up to "
-            f"{WHOLE_MODEL_MAX_OPS[method]} ops; use --method auto, which decomposes larger problems"
-        )
+    refusal = whole_model_refusal(problem, method)
+    if refusal is not None:
+        raise InputError(refusal)
     if method == "milp":
         _milp().make_solver(options.solver, options.time_limit, options.threads)  # an unknown name fails now, not later
     check_memory_feasible(problem)
