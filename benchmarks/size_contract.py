@@ -44,6 +44,7 @@ SHAPES = [
     # Many stages on one device (every device-order argument of the bound sees them all).
     ("interleaved:1024 p1 m16", 1, 16, "interleaved:1024", False),
     ("interleaved:512 p2 m16", 2, 16, "interleaved:512", False),
+    ("interleaved:341 p3 m16", 3, 16, "interleaved:341", False),
     # Vocabulary passes: every family weaves them in (p x m x 2 more ops).
     ("vshape p32 m192 vocab", 32, 192, "vshape", True),
 ]

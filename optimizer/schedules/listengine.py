@@ -348,6 +348,19 @@ class _ListScheduler:
         self.wakes: list[tuple[float, int]] = [(0.0, d) for d in range(self.p)]
         self.relaxed = False  # set if the heuristics ever idled every device (a safety net)
         self.makespan = 0.0
+        # Each stage's next F and next B once its arrival is known: waiting (heaps by
+        # arrival) until a device's clock reaches it, then ready (sorted by the order the
+        # choice takes them in). A choice looks at those alone, not at every stage of its
+        # device (3 devices of 341 stages each took 40 s a problem scanning them all).
+        self.position = [0] * self.n
+        for stages in self.stages_on:
+            for index, stage in enumerate(stages):
+                self.position[stage] = index
+        self.waiting_f: list[list[tuple[float, int]]] = [[] for _ in range(self.p)]
+        self.waiting_b: list[list[tuple[float, int]]] = [[] for _ in range(self.p)]
+        self.ready_f: list[list[tuple[int, int, int]]] = [[] for _ in range(self.p)]  # (unit, -stage, stage)
+        self.ready_b: list[list[tuple[int, int, int]]] = [[] for _ in range(self.p)]  # (unit, position, stage)
+        self._watch_f(0)
 
     def _order_free_forwards(self, d: int) -> float | None:
         """One microbatch's F allocations on device d where its slices' order there is not
@@ -379,6 +392,7 @@ class _ListScheduler:
                 self.relaxed = True
                 now = max(self.free_at)
                 self.wakes = [(now, d) for d in range(self.p)]
+                self._unsettle()  # `now` may be earlier than the last wake: arrivals are judged again
             time, d = heapq.heappop(self.wakes)
             if self.free_at[d] > time:
                 continue
@@ -396,16 +410,23 @@ class _ListScheduler:
         if op.kind == "F":
             u = i * self.k + k
             memory.apply_forward(i, op_memory(t, "F", s, k))
+            self._leave(self.ready_f[d], (u, -s, s))
             self.next_f[s] += 1
+            self._watch_f(s)
             if s == self.first_stage[d]:
                 self.entered[d] += 1
             if s + 1 < self.n:
                 self._arrive(self.arrive_f, s + 1, u, end + (self.comm if self.device[s + 1] != d else 0.0))
-            else:
-                self.arrive_b[s][i * self.k + self.k - 1 - k] = end
+            else:  # its B is due on this device, which wakes at `end` anyway
+                v = i * self.k + self.k - 1 - k
+                self.arrive_b[s][v] = end
+                if v == self.next_b[s]:
+                    self._watch_b(s)
         elif op.kind == "B":
             memory.apply_backward(i, op_memory(t, "B", s, k), op_memory(t, "W", s, k))
+            self._leave(self.ready_b[d], (self.next_b[s], self.position[s], s))
             self.next_b[s] += 1
+            self._watch_b(s)
             if s == self.first_stage[d]:
                 self.left[d] += 1
             weight = op._replace(kind="W")
@@ -432,6 +453,50 @@ class _ListScheduler:
     def _arrive(self, table: list[list[float]], stage: int, mb: int, time: float) -> None:
         table[stage][mb] = time
         heapq.heappush(self.wakes, (time, self.device[stage]))
+        if table is self.arrive_f and mb == self.next_f[stage]:
+            self._watch_f(stage)
+        elif table is self.arrive_b and mb == self.next_b[stage]:
+            self._watch_b(stage)
+
+    # -- the stages whose next op has arrived ----------------------------------------
+
+    def _watch_f(self, s: int) -> None:
+        """Wait for stage s's next F where its arrival is known (else its arrival will call)."""
+        u = self.next_f[s]
+        if u < self.units and self.arrive_f[s][u] < math.inf:
+            heapq.heappush(self.waiting_f[self.device[s]], (self.arrive_f[s][u], s))
+
+    def _watch_b(self, s: int) -> None:
+        u = self.next_b[s]
+        if u < self.units and self.arrive_b[s][u] < math.inf:
+            heapq.heappush(self.waiting_b[self.device[s]], (self.arrive_b[s][u], s))
+
+    def _settle(self, d: int, now: float) -> None:
+        """Move what has arrived on device d by `now` from waiting to ready."""
+        waiting = self.waiting_f[d]
+        while waiting and waiting[0][0] <= now:
+            _, s = heapq.heappop(waiting)
+            bisect.insort(self.ready_f[d], (self.next_f[s], -s, s))
+        waiting = self.waiting_b[d]
+        while waiting and waiting[0][0] <= now:
+            _, s = heapq.heappop(waiting)
+            bisect.insort(self.ready_b[d], (self.next_b[s], self.position[s], s))
+
+    def _unsettle(self) -> None:
+        """Every ready stage back to waiting (the clock is about to go back)."""
+        for d in range(self.p):
+            for u, _, s in self.ready_f[d]:
+                heapq.heappush(self.waiting_f[d], (self.arrive_f[s][u], s))
+            for u, _, s in self.ready_b[d]:
+                heapq.heappush(self.waiting_b[d], (self.arrive_b[s][u], s))
+            self.ready_f[d].clear()
+            self.ready_b[d].clear()
+
+    @staticmethod
+    def _leave(ready: list[tuple[int, int, int]], entry: tuple[int, int, int]) -> None:
+        at = bisect.bisect_left(ready, entry)
+        if at < len(ready) and ready[at] == entry:
+            del ready[at]
 
     # -- choosing --------------------------------------------------------------------
 
@@ -471,11 +536,9 @@ class _ListScheduler:
 
     def _ready_backward(self, d: int, now: float) -> tuple[Op | None, bool]:
         """The B to run now (oldest microbatch first), and whether one was refused for memory."""
-        best, best_v = None, self.units
-        for s in self.stages_on[d]:
-            v = self.next_b[s]
-            if v < best_v and self.arrive_b[s][v] <= now:
-                best, best_v = backward_unit(s, v, self.k), v
+        self._settle(d, now)
+        ready = self.ready_b[d]
+        best = backward_unit(ready[0][2], ready[0][0], self.k) if ready else None  # oldest unit, then the device's first stage
         if best is not None:
             t, s, i, k, memory = self.tables, best.stage, best.microbatch, best.slice, self.memory[d]
             if memory.tracking and memory.irregular and memory.pending_count(i):
@@ -487,26 +550,20 @@ class _ListScheduler:
     def _ready_forward(self, d: int, now: float) -> tuple[Op | None, bool]:
         """The F to run now, and whether a ready F was refused for memory."""
         t, policy, memory = self.tables, self.policy, self.memory[d]
-        ready = [
-            forward_unit(s, self.next_f[s], self.k)
-            for s in self.stages_on[d]
-            if self.next_f[s] < self.units
-            and self.arrive_f[s][self.next_f[s]] <= now
-            and not self._throttled(s)
-            and not (self.capping and self._capped(d, s))
-        ]
-        if not ready:
-            return None, False
-        ready.sort(key=lambda op: (op.microbatch, op.slice, -op.stage))  # oldest unit first, depth first
+        self._settle(d, now)
+        soonest_b = math.inf
         if policy.hold_forward and not self.relaxed:
-            soonest_b = min((self.arrive_b[s][self.next_b[s]] for s in self.stages_on[d] if self.next_b[s] < self.units), default=math.inf)
-            if soonest_b < math.inf:
-                ready = [op for op in ready if now + _op_time(t, op) <= soonest_b]
-                if not ready:
-                    return None, False
+            known = [self.arrive_b[s][u] for u, _, s in self.ready_b[d]]
+            soonest_b = min(known + [self.waiting_b[d][0][0]] if self.waiting_b[d] else known, default=math.inf)
         blocked = False
-        for op in ready:
-            s, i = op.stage, op.microbatch
+        # Oldest unit first, depth first; throttled, capped and held ones are not candidates.
+        for u, _, s in self.ready_f[d]:
+            if self._throttled(s) or (self.capping and self._capped(d, s)):
+                continue
+            op = forward_unit(s, u, self.k)
+            if now + _op_time(t, op) > soonest_b:
+                continue
+            i = op.microbatch
             if policy.reserve == "each" and i not in memory.held and not memory.admits(self.forward_alloc[d]):
                 blocked = True
                 continue
@@ -544,25 +601,15 @@ class _ListScheduler:
         """Is the op of the kind not run last missing now but known to arrive before `other` ends?"""
         if other is None:
             return False
-        table, nxt = (self.arrive_f, self.next_f) if last == "B" else (self.arrive_b, self.next_b)
-        end = now + _op_time(self.tables, other)
-        for s in self.stages_on[d]:
-            i = nxt[s]
-            if i < self.units and now < table[s][i] < end:
-                return True
-        return False
+        waiting = self.waiting_f[d] if last == "B" else self.waiting_b[d]  # settled at `now`: all after it
+        return bool(waiting) and waiting[0][0] < now + _op_time(self.tables, other)
 
     def _has_inputs_to_come(self, d: int) -> bool:
         return any(self.next_b[s] < self.units for s in self.stages_on[d])
 
     def _next_arrival(self, d: int, now: float) -> float:
-        soonest = math.inf
-        for s in self.stages_on[d]:
-            for table, nxt in ((self.arrive_f, self.next_f), (self.arrive_b, self.next_b)):
-                i = nxt[s]
-                if i < self.units and now < table[s][i] < soonest:
-                    soonest = table[s][i]
-        return soonest
+        self._settle(d, now)
+        return min(waiting[0][0] if waiting else math.inf for waiting in (self.waiting_f[d], self.waiting_b[d]))
 
 
 def schedule_with(problem: Problem, policy: Policy) -> tuple[Orders, float]:
