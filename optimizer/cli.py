@@ -30,7 +30,7 @@ from optimizer.formats.choose import choose_format, refuse_other_format
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.interrupts import interrupts_deferred, terminations_as_interrupts
 from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs, writes_stdout
-from optimizer.problem import Problem, load_problem, problem_from_json, uniform_problem
+from optimizer.problem import MAX_VALUE, Problem, load_problem, problem_from_json, uniform_problem
 from optimizer.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ def problem(
         ("--backward", backward),
         ("--slice-overhead", slice_overhead),
     ):
-        finite_option(option, value)
+        finite_option(option, value, low=-MAX_VALUE, high=MAX_VALUE)  # the problem's own bounds, named by option
     if slice_overhead < 0:
         raise InputError(f"--slice-overhead: must be >= 0, got {slice_overhead:g}")
     check_outputs([output])
@@ -378,7 +378,7 @@ def solve(
     if objective not in OBJECTIVES:
         raise InputError(f"--objective: '{printable(objective)}' is not one of {', '.join(OBJECTIVES)}")
     solver = solver or "cbc"
-    finite_option("--memory-limit", memory_limit, low=0.0)
+    finite_option("--memory-limit", memory_limit, low=0.0, high=MAX_VALUE)
     barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
     check_outputs([output], [problem_file, *start])
     refuse_other_format(output, "a schedule")
