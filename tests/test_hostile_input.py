@@ -298,7 +298,11 @@ def cases() -> list[Case]:
         Case("problem-forward-nan", ["problem", "-p", "2", "-m", "4", "--forward", "nan", "-o", "{O}/p.json"], ["--forward", "finite"]),
         Case("problem-comm-inf", ["problem", "-p", "2", "-m", "4", "--comm", "inf", "-o", "{O}/p.json"], ["--comm", "finite"]),
         Case("problem-limit-nan", ["problem", "-p", "2", "-m", "4", "--memory-limit", "nan", "-o", "{O}/p.json"], ["--memory-limit"]),
-        Case("problem-huge-forward", ["problem", "-p", "2", "-m", "4", "--forward", "1e308", "-o", "{O}/p.json"], ["--forward", "at most 1e+12"]),
+        Case(
+            "problem-huge-forward",
+            ["problem", "-p", "2", "-m", "4", "--forward", "1e308", "-o", "{O}/p.json"],
+            ["--forward", "at most 1e+12"],
+        ),
         Case("problem-million-m", ["problem", "-p", "2", "-m", "1000000", "-o", "{O}/p.json"], ["num_microbatches", "1000000"]),
         Case("problem-many-p", ["problem", "-p", "100000", "-m", "4", "-o", "{O}/p.json"], ["num_devices", "100000"]),
         Case(
