@@ -235,6 +235,7 @@ class Problem(_Strict):
                     raise ValueError(
                         f"memory_limit: device {d} limit {self.device_limit(d):g} is below one vocabulary pass ({self.vocab_parallel.memory:g})"
                     )
+        self._check_layers()
         if self.slices is not None:
             if len(self.slices) != self.num_slices:
                 raise ValueError(f"slices: {len(self.slices)} slices listed, num_slices is {self.num_slices}")
@@ -243,6 +244,28 @@ class Problem(_Strict):
                 if abs(total - 1.0) > SLICE_SUM_TOLERANCE:
                     raise ValueError(f"slices: the {name}s sum to {total:g}, not 1 (within {SLICE_SUM_TOLERANCE:g})")
         return self
+
+    def _check_layers(self) -> None:
+        """The layers the stages list (a split, for the exports) follow a layers file's rules:
+        every stage lists them or none does, each name once, the embedding first and the head
+        last of the whole pipeline."""
+        listed = [stage.layers for stage in self.stages]
+        if all(layers is None for layers in listed):
+            return
+        missing = next((s for s, layers in enumerate(listed) if layers is None), None)
+        if missing is not None:
+            raise ValueError(f"stages.{missing}.layers: missing, where other stages list theirs")
+        places = [(s, j, layer) for s, layers in enumerate(listed) for j, layer in enumerate(layers or [])]
+        seen: dict[str, int] = {}
+        for s, j, layer in places:
+            if layer.name in seen:
+                raise ValueError(f"stages.{s}.layers.{j}.name: {layer.name!r} is held by stage {seen[layer.name]} too")
+            seen[layer.name] = s
+        for kind, at, where in (("embedding", 0, "first"), ("head", len(places) - 1, "last")):
+            found = [k for k, (_, _, layer) in enumerate(places) if layer.kind == kind]
+            if len(found) > 1 or (found and found[0] != at):
+                s, j, _ = places[found[-1] if len(found) > 1 else found[0]]
+                raise ValueError(f"stages.{s}.layers.{j}.kind: one {kind} at most, the {where} layer of the pipeline")
 
     @property
     def num_stages(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -72,6 +73,31 @@ def test_layers_file_refuses_bad_values_naming_the_field():
     bad["layers"][1]["memory"]["backward_weight"] += 0.5
     with pytest.raises(InputError, match="sum to 0"):
         layers_from_json(bad, "l.json")
+
+
+def _move_layer(data: dict, source: tuple[int, int], target: tuple[int, int]) -> None:
+    layer = data["stages"][source[0]]["layers"].pop(source[1])
+    data["stages"][target[0]]["layers"].insert(target[1], layer)
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        # The head moved to the first stage, the embedding into the middle: exports wrote them so.
+        (lambda d: _move_layer(d, (2, -1), (0, 1)), "stages.0.layers.1.kind: one head at most, the last layer"),
+        (lambda d: _move_layer(d, (0, 0), (1, 1)), "stages.1.layers.1.kind: one embedding at most, the first layer"),
+        (lambda d: d["stages"][1]["layers"][0].update(name=d["stages"][0]["layers"][1]["name"]), "is held by stage 0 too"),
+        (lambda d: d["stages"][1]["layers"][0].update(kind="embedding"), "one embedding at most"),
+        (lambda d: d["stages"][1].pop("layers"), "stages.1.layers: missing, where other stages list theirs"),
+    ],
+)
+def test_a_problems_stage_layers_follow_the_layers_file_rules(mutate, expected):
+    profile = layers_from_json(random_layers(random.Random(1), 6))
+    data = split_problem(profile, Placement.named("linear", 3), (3, 2, 3), 4).model_dump(mode="json", exclude_none=True)
+    problem_from_json(data)  # as split, it passes
+    mutate(data)
+    with pytest.raises(InputError, match=re.escape(expected)):
+        problem_from_json(data, "p.json")
 
 
 def test_split_problem_sums_layers_and_leaves_the_limit_after_fixed_memory():
