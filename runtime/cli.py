@@ -117,6 +117,8 @@ def run(
     from runtime.plan import build_plans
 
     _check_options(timeout, backend, threads)
+    if engine not in ENGINES:
+        raise InputError(f"--engine: '{printable(engine)}' is not one of {', '.join(ENGINES)}")
     schedule = load_schedule(schedule_file, check=False)
     if engine == "torch" and schedule.problem.vocab_parallel is not None:
         raise InputError(
@@ -174,6 +176,10 @@ def finite_or_null(value):
     return value
 
 
+# The runtimes `run --engine` drives.
+ENGINES = ("pipesched", "torch")
+
+
 def run_job(engine: str, *args, **kwargs):
     """The per-rank job of `run` for the chosen engine."""
     from runtime.worker import RunJob
@@ -184,7 +190,7 @@ def run_job(engine: str, *args, **kwargs):
         from runtime.torch_engine import TorchRunJob
 
         return TorchRunJob(*args, **kwargs)
-    raise InputError(f"engine: '{engine}' is not one of pipesched, torch")
+    raise InputError(f"engine: '{printable(engine)}' is not one of {', '.join(ENGINES)}")
 
 
 def _print_run(summary: dict) -> None:

@@ -472,6 +472,7 @@ def cases() -> list[Case]:
             "run-import-model", ["run", "{C}/s.json", "--model", "import_model:build_stages"], ["import_model", "module_that_is_not_there"]
         ),
         Case("run-threads", ["run", "{C}/s.json", "--model", "example", "--threads", "1000"], ["--threads", "1000"]),
+        Case("run-engine", ["run", "{C}/s.json", "--model", "example", "--engine", "bogus"], ["--engine", "bogus", "pipesched, torch"]),
         Case("run-tiny-timeout", ["run", "{C}/s.json", "--model", "example", "--timeout", "0.001"], ["--timeout"]),
         Case("run-rank-out-of-range", ["run", "{C}/s.json", "--model", "example"], ["RANK", "5"], env={"RANK": "5", "WORLD_SIZE": "2"}),
         Case(
