@@ -426,6 +426,7 @@ def solve(
         raise InputError(f"--vocab-parallel: only for a layers file; {problem_file} is a problem (give it a vocab_parallel field)")
     loaded = problem_from_json(data, str(problem_file))
     interrupted = False
+    starts: list[Start] = []
     if method in ("auto", "cpsat", "milp"):
         starts = _load_starts(start, loaded)
         schedule, interrupted = _optimize(loaded, method, time_limit, objective, solver, seed, threads, quiet, starts)
@@ -449,7 +450,7 @@ def solve(
             raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method {others}")
     with interrupts_deferred():
         save_schedule(schedule, output)
-    if method in ("auto", "cpsat", "milp") and starts:
+    if starts:
         _print_against_starts(schedule, starts, objective, as_json)
     else:
         _print_metrics(schedule, as_json)
