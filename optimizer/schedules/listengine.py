@@ -502,6 +502,7 @@ class _ListScheduler:
 
     def _choose(self, d: int, now: float) -> Op | None:
         policy, t = self.policy, self.tables
+        self._settle(d, now)  # what follows sees the device's arrivals up to `now`
         if policy.fill_w == "eager" and self.weights[d]:
             weight = self._weight(d)
             if weight is not None:
@@ -536,7 +537,6 @@ class _ListScheduler:
 
     def _ready_backward(self, d: int, now: float) -> tuple[Op | None, bool]:
         """The B to run now (oldest microbatch first), and whether one was refused for memory."""
-        self._settle(d, now)
         ready = self.ready_b[d]
         best = backward_unit(ready[0][2], ready[0][0], self.k) if ready else None  # oldest unit, then the device's first stage
         if best is not None:
@@ -550,7 +550,6 @@ class _ListScheduler:
     def _ready_forward(self, d: int, now: float) -> tuple[Op | None, bool]:
         """The F to run now, and whether a ready F was refused for memory."""
         t, policy, memory = self.tables, self.policy, self.memory[d]
-        self._settle(d, now)
         soonest_b = math.inf
         if policy.hold_forward and not self.relaxed:
             known = [self.arrive_b[s][u] for u, _, s in self.ready_b[d]]
@@ -608,7 +607,6 @@ class _ListScheduler:
         return any(self.next_b[s] < self.units for s in self.stages_on[d])
 
     def _next_arrival(self, d: int, now: float) -> float:
-        self._settle(d, now)
         return min(waiting[0][0] if waiting else math.inf for waiting in (self.waiting_f[d], self.waiting_b[d]))
 
 
