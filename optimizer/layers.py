@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from optimizer.problem import MAX_STAGES, MAX_VALUE, Duration, StageMemory, _Strict
+from optimizer.problem import MAX_STAGES, MAX_VALUE, Duration, StageMemory, _Strict, misplaced_end
 
 FORMAT = "pipesched.layers"
 VERSION = 1
@@ -56,14 +56,10 @@ class LayersProfile(_Strict):
 
     @model_validator(mode="after")
     def _ends_in_place(self) -> LayersProfile:
-        # Megatron's layout (and every pipeline runtime) keeps the embedding first and the head last.
-        kinds = [layer.kind for layer in self.layers]
-        for kind, position, where in (("embedding", 0, "first"), ("head", len(kinds) - 1, "last")):
-            places = [i for i, k in enumerate(kinds) if k == kind]
-            if len(places) > 1:
-                raise ValueError(f"layers.{places[1]}.kind: only one {kind} layer is allowed")
-            if places and places[0] != position:
-                raise ValueError(f"layers.{places[0]}.kind: the {kind} layer must come {where}")
+        fault = misplaced_end([layer.kind for layer in self.layers])
+        if fault is not None:
+            what = f"only one {fault.kind} layer is allowed" if fault.repeated else f"the {fault.kind} layer must come {fault.where}"
+            raise ValueError(f"layers.{fault.position}.kind: {what}")
         return self
 
     @property

@@ -8,9 +8,10 @@ the plain tuples from :meth:`Problem.tables` instead of the models.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -78,6 +79,28 @@ class StageMemory(_Strict):
         else:
             object.__setattr__(self, "backward_input", -(self.forward + self.backward_weight))
         return self
+
+
+class EndLayerFault(NamedTuple):
+    """An embedding or head out of place among a pipeline's layers: `position` is the layer's,
+    `where` the place it must have ("first", "last"), `repeated` whether it is a second one."""
+
+    position: int
+    kind: str
+    where: str
+    repeated: bool
+
+
+def misplaced_end(kinds: Sequence[str]) -> EndLayerFault | None:
+    """The first embedding or head out of place in a pipeline's layer kinds, in order:
+    Megatron's layout (and every pipeline runtime) has one embedding, first, and one head, last."""
+    for kind, at, where in (("embedding", 0, "first"), ("head", len(kinds) - 1, "last")):
+        places = [i for i, k in enumerate(kinds) if k == kind]
+        if len(places) > 1:
+            return EndLayerFault(places[1], kind, where, True)
+        if places and places[0] != at:
+            return EndLayerFault(places[0], kind, where, False)
+    return None
 
 
 class StageLayer(_Strict):
@@ -261,11 +284,10 @@ class Problem(_Strict):
             if layer.name in seen:
                 raise ValueError(f"stages.{s}.layers.{j}.name: {layer.name!r} is held by stage {seen[layer.name]} too")
             seen[layer.name] = s
-        for kind, at, where in (("embedding", 0, "first"), ("head", len(places) - 1, "last")):
-            found = [k for k, (_, _, layer) in enumerate(places) if layer.kind == kind]
-            if len(found) > 1 or (found and found[0] != at):
-                s, j, _ = places[found[-1] if len(found) > 1 else found[0]]
-                raise ValueError(f"stages.{s}.layers.{j}.kind: one {kind} at most, the {where} layer of the pipeline")
+        fault = misplaced_end([layer.kind for _, _, layer in places])
+        if fault is not None:
+            s, j, _ = places[fault.position]
+            raise ValueError(f"stages.{s}.layers.{j}.kind: one {fault.kind} at most, the {fault.where} layer of the pipeline")
 
     @property
     def num_stages(self) -> int:

@@ -24,11 +24,15 @@ MAX_NAME = 80
 
 @dataclass(frozen=True)
 class Start:
-    """A given schedule timed on the problem: `name` says where it came from."""
+    """A given schedule (from `path`) timed on the problem."""
 
-    name: str
     path: Path
     schedule: Schedule
+
+    @property
+    def name(self) -> str:
+        """Where it came from, as `method_won` says it."""
+        return start_name(self.path)
 
 
 def start_name(path: Path) -> str:
@@ -53,4 +57,4 @@ def load_start(path: Path, problem: Problem, option: str = "--start") -> Start:
         message = str(error)
         named = message if message.startswith(str(path)) else f"{path}: {message}"
         raise InputError(f"{option}: {named}") from None
-    return Start(start_name(path), path, schedule)
+    return Start(path, schedule)

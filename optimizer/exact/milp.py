@@ -307,13 +307,21 @@ def _children_using(folder: str) -> list[int]:
     me = os.getpid()
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat_fields(entry)
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == me and folder.encode() in (entry / "cmdline").read_bytes():
+            if fields and int(fields[1]) == me and folder.encode() in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
+        except (OSError, ValueError):
             continue  # the process ended while we looked
     return found
+
+
+def _stat_fields(entry: Path) -> list[str]:
+    """A /proc/PID entry's stat fields after the command name (state, parent, ...); [] once it has gone."""
+    try:
+        return (entry / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
 
 
 def _kill_children_using(folder: str, reap: bool = True) -> None:
@@ -336,10 +344,8 @@ def _kill_children_using(folder: str, reap: bool = True) -> None:
 
 def _alive_child(pid: int) -> bool:
     """Whether our child `pid` has not ended yet (an ended one not yet reaped has)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    fields = _stat_fields(Path("/proc") / str(pid))
+    return bool(fields) and fields[0] != "Z"
 
 
 def _solve_with_highs_worker(

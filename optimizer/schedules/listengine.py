@@ -552,8 +552,8 @@ class _ListScheduler:
         t, policy, memory = self.tables, self.policy, self.memory[d]
         soonest_b = math.inf
         if policy.hold_forward and not self.relaxed:
-            known = [self.arrive_b[s][u] for u, _, s in self.ready_b[d]]
-            soonest_b = min(known + [self.waiting_b[d][0][0]] if self.waiting_b[d] else known, default=math.inf)
+            # An arrived B (at or before `now`) first, else the next to arrive.
+            soonest_b = min((self.arrive_b[s][u] for u, _, s in self.ready_b[d]), default=self._next_arrival_of(self.waiting_b[d]))
         blocked = False
         # Oldest unit first, depth first; throttled, capped and held ones are not candidates.
         for u, _, s in self.ready_f[d]:
@@ -601,13 +601,17 @@ class _ListScheduler:
         if other is None:
             return False
         waiting = self.waiting_f[d] if last == "B" else self.waiting_b[d]  # settled at `now`: all after it
-        return bool(waiting) and waiting[0][0] < now + _op_time(self.tables, other)
+        return self._next_arrival_of(waiting) < now + _op_time(self.tables, other)
 
     def _has_inputs_to_come(self, d: int) -> bool:
         return any(self.next_b[s] < self.units for s in self.stages_on[d])
 
     def _next_arrival(self, d: int, now: float) -> float:
-        return min(waiting[0][0] if waiting else math.inf for waiting in (self.waiting_f[d], self.waiting_b[d]))
+        return min(self._next_arrival_of(self.waiting_f[d]), self._next_arrival_of(self.waiting_b[d]))
+
+    @staticmethod
+    def _next_arrival_of(waiting: list[tuple[float, int]]) -> float:
+        return waiting[0][0] if waiting else math.inf
 
 
 def schedule_with(problem: Problem, policy: Policy) -> tuple[Orders, float]:
