@@ -47,6 +47,9 @@ class _Fault(nn.Module):
             if self.action == "hang":
                 time.sleep(120)
             else:
+                # The gradient this rank sent just before may still be on its way: killed at
+                # once, it was lost now and then and rank 0 failed one op earlier (BW of mb 0).
+                time.sleep(1.0)
                 os.kill(os.getpid(), signal.SIGKILL)
         return self.inner(x)
 
