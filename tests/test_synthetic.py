@@ -23,9 +23,11 @@ pytestmark = pytest.mark.runtime
 
 runner = CliRunner()
 
-# ms per op, per stage: all different and 10 ms apart, so that a stage swap or a B/W
-# mix-up shows, and half a gap (5 ms) separates a correct sleep from a wrong one.
-TIMES = [(10.0, 30.0, 20.0), (40.0, 60.0, 50.0)]
+# ms per op, per stage: all different and 20 ms apart, so that a stage swap or a B/W
+# mix-up shows, and half a gap (10 ms) separates a correct sleep from a wrong one (at 10
+# ms apart, a median overshoot of 5.8 ms was measured once with the suite's two workers
+# busy beside the profile).
+TIMES = [(20.0, 60.0, 40.0), (80.0, 120.0, 100.0)]
 _TIMES_SORTED = sorted({value for row in TIMES for value in row})
 HALF_GAP = min(b - a for a, b in zip(_TIMES_SORTED, _TIMES_SORTED[1:])) / 2
 
