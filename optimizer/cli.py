@@ -446,7 +446,10 @@ def solve(
         if not schedule.fits_memory():
             check_memory_feasible(loaded)  # where no schedule fits, say which limit would
             over = _memory_overflow(schedule)
-            others = "auto" if method == "greedy" else "greedy or auto"
+            from optimizer.exact.least_memory import split_backwards_fit
+
+            # greedy splits every backward: where only fused ones fit, auto alone helps.
+            others = "auto" if method == "greedy" or not split_backwards_fit(loaded) else "greedy or auto"
             raise InfeasibleError(f"{method} exceeds the memory limit ({over}); try --method {others}")
     with interrupts_deferred():
         save_schedule(schedule, output)
@@ -867,6 +870,7 @@ def import_(
     from optimizer.formats import torch_csv
 
     check_outputs([output], [csv_file, problem_file])
+    refuse_other_format(output, "a schedule")
     loaded = load_problem(problem_file)
     schedule, imported = torch_csv.import_schedule(read_input_text(csv_file), loaded, str(csv_file))
     save_schedule(schedule, output)

@@ -269,9 +269,23 @@ def output_target(path: str | Path) -> Path:
     """Where writing `path` lands: its symbolic links followed; a link that names no path
     (/dev/stdout on a pipe points at "pipe:[...]") is written through as given."""
     resolved = Path(os.path.realpath(path))
-    if not resolved.exists() and os.path.exists(path):
-        return Path(path)
+    try:
+        if not resolved.exists() and os.path.exists(path):
+            return Path(path)
+    except OSError:  # a name too long, say: the checks that follow name the error
+        pass
     return resolved
+
+
+# Bytes of an output's name kept in its temporary file's name: the rest of that name (a
+# dot before, 8 random characters and ".tmp" after) must fit the 255 bytes a name may have.
+_TEMPORARY_NAME_BYTES = 200
+
+
+def _temporary_prefix(target: Path) -> str:
+    """The temporary file's name start for `target`: its name, cut to fit a file name."""
+    kept = target.name.encode("utf-8", "surrogateescape")[:_TEMPORARY_NAME_BYTES]
+    return f".{kept.decode('utf-8', 'ignore')}."
 
 
 def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | Path | None] = ()) -> None:
@@ -309,7 +323,9 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
                     raise InputError(f"{path}: is also the input {name}; write the output to another file")
             if _write_through(info.st_mode):
                 continue
-            if not os.access(target, os.W_OK):  # replacing it would bypass its mode
+            # access() says yes to root whatever the mode: a file without its owner's write
+            # bit is read-only for everyone here.
+            if not os.access(target, os.W_OK) or not info.st_mode & stat.S_IWUSR:  # replacing it would bypass its mode
                 raise InputError(f"{path}: is read-only; make it writable or write another file")
         folder = target.parent
         # A symbolic link is written where it points: name that folder when it differs.
@@ -319,7 +335,7 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
         if not os.access(folder, os.W_OK | os.X_OK):
             raise InputError(f"{path}: folder {shown} is not writable")
         try:  # access() says yes to root everywhere: try it, as the write will
-            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+            fd, probe = tempfile.mkstemp(prefix=_temporary_prefix(target), suffix=".tmp", dir=folder)
         except OSError as exc:
             raise InputError(f"{path}: cannot write in {path.parent} ({exc.strerror or exc.__class__.__name__})") from None
         os.close(fd)
@@ -364,7 +380,7 @@ def write_outputs(outputs: Sequence[tuple[str | Path, str]]) -> None:
             if info is not None and _write_through(info.st_mode):
                 continue
             keep = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
-            fd, current.tmp = tempfile.mkstemp(prefix=f".{current.target.name}.", suffix=".tmp", dir=current.target.parent)
+            fd, current.tmp = tempfile.mkstemp(prefix=_temporary_prefix(current.target), suffix=".tmp", dir=current.target.parent)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 os.fchmod(handle.fileno(), keep)
                 if info is not None and os.geteuid() == 0 and (info.st_uid, info.st_gid) != (0, 0):

@@ -151,7 +151,9 @@ class VocabParallel(_Strict):
     collective after S carries both).
     """
 
-    barriers: Literal[1, 2] = 2
+    # An int in 1..2 rather than Literal[1, 2], which takes 1.0 (equal to 1), where every
+    # other count of the file must be an integer.
+    barriers: Annotated[int, Field(ge=1, le=2)] = 2
     forward: Duration
     backward: Duration
     memory: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
@@ -248,7 +250,7 @@ class Problem(_Strict):
             limit = self.device_limit(stage.device)
             if stage.memory.forward > limit:
                 raise ValueError(
-                    f"memory_limit: device {stage.device} limit {limit:g} is below one forward of stage {s} ({stage.memory.forward:g})"
+                    f"memory_limit: device {stage.device} limit {limit!r} is below one forward of stage {s} ({stage.memory.forward!r})"
                 )
         if self.vocab_parallel is not None:
             if self.num_slices > 1:

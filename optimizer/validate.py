@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from optimizer.errors import ScheduleError
+from optimizer.errors import DeadlockError, ScheduleError
 from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, dependencies, op_device, op_duration, op_memory, transfer_delay
 from optimizer.problem import Problem, Tables
 from optimizer.schedule import Schedule
@@ -49,45 +49,13 @@ def _shortest_op(tables: Tables) -> float:
 
 def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str]:
     """Every rule the timed schedule breaks; an empty list means it is valid."""
-    p, num_stages, m, num_slices = problem.num_devices, problem.num_stages, problem.num_microbatches, problem.num_slices
+    num_stages, num_slices = problem.num_stages, problem.num_slices
     tables = problem.tables()
     vocab = problem.vocab_rule()
-    violations: list[str] = []
-    if len(devices) != p:
-        return [f"devices: schedule has {len(devices)} devices, the problem {p}"]
-
-    ends: dict[Op, float] = {}
-    counts: Counter[Op] = Counter()
-    for d, ops in enumerate(devices):
-        for op in ops:
-            if op.kind not in KINDS:
-                violations.append(f"device {d}: unknown op kind {op.kind!r}")
-                continue
-            if op.kind in VOCAB_KINDS:
-                if vocab is None:
-                    violations.append(f"device {d}: {op.op} is a vocabulary pass, and the problem has no vocab_parallel")
-                    continue
-                if not (0 <= op.stage < p and 0 <= op.microbatch < m and op.slice == 0):
-                    violations.append(f"device {d}: {op.op} is out of range ({p} shards, {m} microbatches)")
-                    continue
-            elif not (0 <= op.stage < num_stages and 0 <= op.microbatch < m and 0 <= op.slice < num_slices):
-                sliced = f", {num_slices} slices" if num_slices > 1 or op.slice != 0 else ""
-                violations.append(f"device {d}: {op.op} is out of range ({num_stages} stages, {m} microbatches{sliced})")
-                continue
-            home = op_device(tables.device, op)
-            if home != d:
-                violations.append(
-                    f"placement: {op.op} runs on device {d}, its {'shard' if op.kind in VOCAB_KINDS else 'stage'} is on device {home}"
-                )
-            counts[op.op] += 1
-            ends[op.op] = op.end
-    violations += _completeness(counts, num_stages, m, num_slices)
-    if vocab is not None:
-        violations += [
-            f"missing: {Op(kind, d, mb)}" for kind in VOCAB_KINDS for d in range(p) for mb in range(m) if counts[Op(kind, d, mb)] == 0
-        ]
+    violations = order_violations(problem, [[op.op for op in ops] for ops in devices])
     if violations:
         return violations  # timing checks on a malformed schedule would only add noise
+    ends = {op.op: op.end for ops in devices for op in ops}
 
     cap = TIME_CAP_SHARE * _shortest_op(tables)
     for d, ops in enumerate(devices):
@@ -117,6 +85,48 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
             violations.append(
                 f"memory: device {d} holds {held:g} > limit {limit:g} after {over_op} (peak {peak:g}; over the limit after {ops_over} op(s))"
             )
+    return violations
+
+
+def order_violations(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[str]:
+    """What makes per-device orders not an order of the problem's ops: a device count,
+    kind, stage, microbatch or slice the problem does not have, an op on another device
+    than its stage's, or an op missing or given twice (timing aside: these hold for an
+    order before it is timed, so a missing op is named rather than found as a deadlock)."""
+    p, num_stages, m, num_slices = problem.num_devices, problem.num_stages, problem.num_microbatches, problem.num_slices
+    tables = problem.tables()
+    vocab = problem.vocab_rule()
+    violations: list[str] = []
+    if len(orders) != p:
+        return [f"devices: schedule has {len(orders)} devices, the problem {p}"]
+    counts: Counter[Op] = Counter()
+    for d, ops in enumerate(orders):
+        for op in ops:
+            if op.kind not in KINDS:
+                violations.append(f"device {d}: unknown op kind {op.kind!r}")
+                continue
+            if op.kind in VOCAB_KINDS:
+                if vocab is None:
+                    violations.append(f"device {d}: {op} is a vocabulary pass, and the problem has no vocab_parallel")
+                    continue
+                if not (0 <= op.stage < p and 0 <= op.microbatch < m and op.slice == 0):
+                    violations.append(f"device {d}: {op} is out of range ({p} shards, {m} microbatches)")
+                    continue
+            elif not (0 <= op.stage < num_stages and 0 <= op.microbatch < m and 0 <= op.slice < num_slices):
+                sliced = f", {num_slices} slices" if num_slices > 1 or op.slice != 0 else ""
+                violations.append(f"device {d}: {op} is out of range ({num_stages} stages, {m} microbatches{sliced})")
+                continue
+            home = op_device(tables.device, op)
+            if home != d:
+                violations.append(
+                    f"placement: {op} runs on device {d}, its {'shard' if op.kind in VOCAB_KINDS else 'stage'} is on device {home}"
+                )
+            counts[op] += 1
+    violations += _completeness(counts, num_stages, m, num_slices)
+    if vocab is not None:
+        violations += [
+            f"missing: {Op(kind, d, mb)}" for kind in VOCAB_KINDS for d in range(p) for mb in range(m) if counts[Op(kind, d, mb)] == 0
+        ]
     return violations
 
 
@@ -151,11 +161,17 @@ def _completeness(counts: Counter[Op], num_stages: int, m: int, num_slices: int)
 
 def checked_schedule(problem: Problem, orders: Sequence[Sequence[Op]], source: str, method: str, *, memory: bool = True) -> Schedule:
     """Per-device orders timed on `problem` and checked against every rule (with `memory`,
-    the memory limit too): DeadlockError when they cannot finish, ScheduleError naming
-    `source` when they break a rule."""
+    the memory limit too): ScheduleError naming `source` when they are not an order of
+    the problem's ops or break a rule, DeadlockError naming it when they cannot finish."""
     from optimizer.simulate import simulate
 
-    schedule = simulate(problem, orders, method=method)
+    malformed = order_violations(problem, orders)
+    if malformed:  # an op missing would otherwise show as a deadlock at its successor
+        raise ScheduleError(source, malformed)
+    try:
+        schedule = simulate(problem, orders, method=method)
+    except DeadlockError as error:
+        raise DeadlockError(f"{source}: {error}", error.blocked) from None
     checked = problem if memory else problem.model_copy(update={"memory_limit": None})
     violations = validate(checked, schedule.devices)
     if violations:

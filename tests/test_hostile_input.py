@@ -192,6 +192,16 @@ def write_corpus(folder: Path) -> None:
         "surrogate_method.json": schedule.replace('"method": "1f1b"', '"method": "\\ud800x"', 1),
         "version_true.json": schedule.replace('"version": 1', '"version": true', 1),
         "bound_text.json": schedule.replace('"metrics": {', '"metrics": {"lower_bound": "5",', 1),
+        # Metrics the ops contradict (they are computed again on loading, and were ignored).
+        "wrong_makespan.json": _edited_metrics(schedule, makespan=1.0),
+        "wrong_bubble.json": _edited_metrics(schedule, bubble_ratio=0.5),
+        "wrong_peaks.json": _edited_metrics(schedule, peak_memory=[0.0, 0.0]),
+        # No devices, with metrics: the device count is named, not a metric.
+        "no_devices.json": json.dumps({**json.loads(schedule), "devices": []}),
+        "vocab_float_barriers.json": _problem_text(vocab_parallel={"barriers": 1.0, "forward": 1.0, "backward": 1.0}),
+        # torch's CSV of the 1F1B schedule without rank 0's forward of microbatch 3.
+        "missing_forward.csv": "0F0,0F1,0F2,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n",
+        "deadlock.csv": "0B0,0F0,0F1,0F2,0F3,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n",
         "odd_key.json": problem.replace('"comm_time"', '"comm_t\\u0000ime\\u2603": 1, "comm_time"', 1),
         "negative_in_limits.json": problem.replace('"memory_limit": null', '"memory_limit": [4, -1]', 1),
         "s.csv": "0F0,0F1\n1F0,1F1\n",
@@ -216,6 +226,13 @@ def write_corpus(folder: Path) -> None:
         handle.truncate(100 * 2**20)
     (folder / "existing.json").write_text("{}\n")
     os.chmod(folder / "existing.json", 0o644)
+
+
+def _edited_metrics(text: str, **metrics) -> str:
+    data = json.loads(text)
+    assert set(metrics) <= set(data["metrics"]), "the edit replaces metrics the file has"
+    data["metrics"].update(metrics)
+    return json.dumps(data, indent=1)
 
 
 def _edited_schedule(text: str, **op_fields) -> str:
@@ -260,6 +277,7 @@ PROBLEM_FILES = {
     "missing.json": "no such file",
     "vocab_nan.json": "NaN",
     "vocab_barriers.json": "vocab_parallel.barriers",
+    "vocab_float_barriers.json": "vocab_parallel.barriers: Input should be a valid integer",
     "vocab_slices.json": "token slices",
     "vocab_over_ops.json": "2 x 256 devices x 60 microbatches",
 }
@@ -278,6 +296,10 @@ SCHEDULE_FILES = {
     "surrogate_method.json": "unpaired UTF-16 surrogate",
     "version_true.json": "version True is not supported",
     "bound_text.json": "metrics.lower_bound",
+    "wrong_makespan.json": "metrics.makespan: 1, but the schedule's ops give",
+    "wrong_bubble.json": "metrics.bubble_ratio: 0.5, but the schedule's ops give",
+    "wrong_peaks.json": "metrics.peak_memory: not what the schedule's ops give",
+    "no_devices.json": "devices: the schedule has 0 devices, its problem 2",
 }
 
 
@@ -388,6 +410,20 @@ def cases() -> list[Case]:
             ["many_cells.csv", "200002 cells is more than a schedule of this problem holds (24 ops"],
         ),
         Case("import-output-is-csv", ["import", "{C}/s.csv", "--problem", "{C}/p.json", "-o", "{C}/s.csv"], ["s.csv", "is also the input"]),
+        Case(
+            "import-missing-op",
+            ["import", "{C}/missing_forward.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"],
+            ["missing_forward.csv", "invalid schedule: missing: F(stage 0, mb 3)"],
+            code=1,
+        ),
+        Case(
+            "import-deadlock",
+            ["import", "{C}/deadlock.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"],
+            ["deadlock.csv: deadlock: device 0 waits at BW(stage 0, mb 0)"],
+            code=1,
+        ),
+        Case("import-into-svg", ["import", "{C}/s.csv", "--problem", "{C}/p.json", "-o", "{O}/s.svg"], ["s.svg", "a .svg name"]),
+        Case("export-name-too-long", ["export", "{C}/s.json", "-o", "{O}/" + "a" * 300 + ".svg"], ["a" * 300, "File name too long"]),
         Case("import-fifo", ["import", "{C}/fifo.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["fifo.csv", "FIFO"]),
         Case("import-folder", ["import", "{C}/folder.json", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["folder.json", "directory"]),
         Case("import-huge", ["import", "{C}/huge.json", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["huge.json", "bytes"]),
@@ -708,6 +744,28 @@ def test_outputs_keep_mode_honour_umask_and_write_through_devices(tmp_path) -> N
     assert result.returncode == 0, result.stderr
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "new.json"]  # no temporary file left
+
+
+def test_a_name_up_to_the_longest_a_folder_takes_is_written_and_a_read_only_file_is_kept(tmp_path) -> None:
+    # 251 characters and ".svg": the longest name a folder takes (255 bytes). The file is
+    # written through a temporary file whose name is cut to fit beside it.
+    longest = "a" * 251 + ".svg"
+    result, _ = run_cli(["problem", "-p", "2", "-m", "4", "-o", "p.json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    result, _ = run_cli(["solve", "p.json", "--method", "1f1b", "-o", "s.json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    result, _ = run_cli(["export", "s.json", "-o", longest], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / longest).read_text().startswith("<svg")
+    # A file without its owner's write bit is refused, by root too (whom access() lets
+    # write anything), and kept as it was.
+    kept = tmp_path / "kept.svg"
+    kept.write_text("mine")
+    os.chmod(kept, 0o444)
+    result, _ = run_cli(["export", "s.json", "-o", "kept.svg"], tmp_path)
+    assert result.returncode == 2 and "kept.svg: is read-only" in result.stderr, result.stderr
+    assert kept.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["p.json", "s.json", longest, "kept.svg"])  # no temporary file left
 
 
 # --------------------------------------------------------------------------- size contract

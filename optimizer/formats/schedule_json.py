@@ -53,6 +53,10 @@ class _MetricsRecord(BaseModel):
     status: Literal["optimal", "feasible", "heuristic"] | None = None
     method_won: str | None = Field(default=None, max_length=_MAX_NAME)
     solve_seconds: float | None = Field(default=None, ge=0, le=MAX_VALUE)
+    # Computed again from the ops on loading; when given, they must agree with them.
+    makespan: float | None = Field(default=None, ge=0, le=_MAX_TIME)
+    bubble_ratio: float | None = Field(default=None, ge=0, le=1)
+    peak_memory: list[float] | None = None
 
 
 class _ScheduleRecord(BaseModel):
@@ -106,7 +110,7 @@ def schedule_from_json(data: object, source: str = "schedule", *, check: bool = 
         if violations:
             raise ScheduleError(source, violations)
     schedule = Schedule(record.problem, record.method, devices)
-    _check_metrics(record.metrics, schedule.makespan, source)
+    _check_metrics(record.metrics, schedule, source)
     extra = record.metrics.model_dump(exclude_none=True)
     for name in ("lower_bound", "gap", "status", "method_won", "solve_seconds"):
         if name in extra:
@@ -114,9 +118,31 @@ def schedule_from_json(data: object, source: str = "schedule", *, check: bool = 
     return schedule
 
 
-def _check_metrics(metrics: _MetricsRecord, makespan: float, source: str) -> None:
-    """Refuse a solver's claims the schedule itself contradicts: a lower bound above its
-    makespan (a bound on the longest span is below it too), or "optimal" with a gap."""
+# Relative difference allowed between a file's metrics and the ones computed from its
+# ops: far above what a writer's float rounding can make, far below a wrong claim.
+_METRICS_TOLERANCE = 1e-6
+
+
+def _check_metrics(metrics: _MetricsRecord, schedule: Schedule, source: str) -> None:
+    """Refuse claims the schedule itself contradicts: a makespan, bubble ratio or peak
+    memory other than its ops give, a lower bound above its makespan (a bound on the
+    longest span is below it too), or "optimal" with a gap."""
+    computed = schedule.metrics
+
+    def differs(claimed: float, actual: float) -> bool:
+        return abs(claimed - actual) > _METRICS_TOLERANCE * max(1.0, abs(actual))
+
+    for name in ("makespan", "bubble_ratio"):
+        claimed, actual = getattr(metrics, name), getattr(computed, name)
+        if claimed is not None and differs(claimed, actual):
+            raise InputError(f"{source}: metrics.{name}: {claimed:g}, but the schedule's ops give {actual:g}")
+    claimed_peaks = metrics.peak_memory
+    if claimed_peaks is not None and (
+        len(claimed_peaks) != len(computed.peak_memory) or any(map(differs, claimed_peaks, computed.peak_memory))
+    ):
+        shown = ", ".join(f"{v:g}" for v in computed.peak_memory)
+        raise InputError(f"{source}: metrics.peak_memory: not what the schedule's ops give ([{shown}])")
+    makespan = computed.makespan
     if metrics.lower_bound is not None and metrics.lower_bound > makespan * (1 + 1e-9) + 1e-12:
         raise InputError(f"{source}: metrics.lower_bound: {metrics.lower_bound:g} is above the schedule's makespan {makespan:g}")
     if metrics.status == "optimal" and metrics.gap is not None and metrics.gap > 1e-9:
@@ -126,6 +152,8 @@ def _check_metrics(metrics: _MetricsRecord, makespan: float, source: str) -> Non
 def _check_shape(problem: Problem, devices: list[list[TimedOp]], source: str) -> None:
     """Refuse ops that name no op of the problem: nothing else (metrics, the validator's
     timing rules, the executor's plans) can make sense of them."""
+    if len(devices) != problem.num_devices:
+        raise InputError(f"{source}: devices: the schedule has {len(devices)} devices, its problem {problem.num_devices}")
     total = sum(len(ops) for ops in devices)
     if total > MAX_OPS:  # a complete schedule has at most 3 * stages * microbatches * slices ops
         raise InputError(f"{source}: devices: {total} ops is more than the {MAX_OPS} pipesched takes (README, Size limits)")
