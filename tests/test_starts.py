@@ -125,8 +125,14 @@ def test_cli_leaves_out_a_start_over_the_memory_limit(tmp_path):
     "make_start,expected",
     [
         (lambda tmp: generate(uniform_problem(3, 4, memory_limit=3.0), "1f1b"), "invalid schedule: missing"),
-        (lambda tmp: generate(uniform_problem(2, 6, memory_limit=3.0), "1f1b"), "invalid schedule: devices: schedule has 2 devices, the problem 3"),
-        (lambda tmp: generate(uniform_problem(3, 8, memory_limit=3.0), "1f1b"), "invalid schedule: device 0: F(stage 0, mb 6) is out of range (3 stages, 6 microbatches)"),
+        (
+            lambda tmp: generate(uniform_problem(2, 6, memory_limit=3.0), "1f1b"),
+            "invalid schedule: devices: schedule has 2 devices, the problem 3",
+        ),
+        (
+            lambda tmp: generate(uniform_problem(3, 8, memory_limit=3.0), "1f1b"),
+            "invalid schedule: device 0: F(stage 0, mb 6) is out of range (3 stages, 6 microbatches)",
+        ),
         (None, "not a pipesched schedule"),
     ],
 )

@@ -261,7 +261,7 @@ def test_two_microbatches_brute_force_agrees_with_cpsat():
 @pytest.mark.parametrize("limit", [None, 6.0])
 def test_auto_is_never_worse_than_any_family_and_fits(placement, limit):
     problem = with_vocab(uniform_problem(4, 8, placement=placement, memory_limit=limit, comm_time=0.05), 2, 0.5, 0.6, 0.5, 0.1)
-    schedule = solve(problem, "auto", SolveOptions(time_limit=1.0, threads=1))
+    schedule = solve(problem, "auto", SolveOptions(time_limit=4.0, threads=1))
     assert validate(problem, schedule.devices) == [] and schedule.fits_memory()
     for generator in applicable(problem):
         family = simulate(problem, generator.build(problem))
