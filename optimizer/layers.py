@@ -60,6 +60,12 @@ class LayersProfile(_Strict):
         if fault is not None:
             what = f"only one {fault.kind} layer is allowed" if fault.repeated else f"the {fault.kind} layer must come {fault.where}"
             raise ValueError(f"layers.{fault.position}.kind: {what}")
+        # Names identify layers in the exports (torchtitan's module lists): one name, one layer.
+        first: dict[str, int] = {}
+        for position, layer in enumerate(self.layers):
+            if layer.name in first:
+                raise ValueError(f"layers.{position}.name: {layer.name!r} is also layer {first[layer.name]}'s name")
+            first[layer.name] = position
         return self
 
     @property

@@ -126,6 +126,13 @@ def write_corpus(folder: Path) -> None:
         "vocab_pass_without_vocab.json": schedule.replace('"kind": "F"', '"kind": "S"', 1).replace('"version": 1', '"version": 3'),
         "layers_nan.json": (folder / "l.json").read_text().replace('"forward": ', '"forward": NaN, "x": ', 1),
         "layers_head_first.json": json.dumps({**layers, "layers": layers["layers"][::-1]}),
+        # Two layers of one name: the exports list layers by name (torchtitan's module lists).
+        "layers_duplicate_name.json": json.dumps(
+            {
+                **layers,
+                "layers": [*layers["layers"][:2], {**layers["layers"][2], "name": layers["layers"][1]["name"]}, *layers["layers"][3:]],
+            }
+        ),
         "layers_too_many.json": json.dumps({**layers, "layers": [layers["layers"][1]] * 5000}),
         "layers_zero_time.json": json.dumps({**layers, "layers": [{**layers["layers"][1], "backward_input": 0.0}]}),
         "raising_model.py": "def build_stages(num_stages):\n    raise RuntimeError('no weights here')\n",
@@ -548,6 +555,11 @@ def cases() -> list[Case]:
         ),
         # layers files and the split search's options
         Case("solve-layers-nan", ["solve", "{C}/layers_nan.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"], ["layers_nan.json", "NaN"]),
+        Case(
+            "solve-layers-duplicate-name",
+            ["solve", "{C}/layers_duplicate_name.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"],
+            ["layers_duplicate_name.json", "layers.2.name", "is also layer 1's name"],
+        ),
         Case(
             "solve-layers-head-first",
             ["solve", "{C}/layers_head_first.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"],
