@@ -256,7 +256,13 @@ def problem(
         backward=backward,
     )
     if slices > 1:
-        built = with_slices(built, model)
+        try:
+            built = with_slices(built, model)
+        except InputError as error:
+            if slice_overhead == 0:
+                raise
+            # The overhead is added to every slice's time: name the option, not the field.
+            raise InputError(f"--slice-overhead: {slice_overhead:g} takes a slice's time past the problem's bounds ({error})") from None
     write_json_atomic(output, built.to_json())
     print(f"wrote {output}: {built.num_devices} devices, {built.num_stages} stages, {built.num_microbatches} microbatches")
     if slices > 1:  # the lengths are only in this line: the problem keeps shares and costs

@@ -630,6 +630,11 @@ def cases() -> list[Case]:
             ],
             ["--sequence-length", "16777216"],
         ),
+        Case(
+            "problem-slice-overhead-huge",
+            ["problem", "-p", "2", "-m", "2", "--slices", "3", "--slice-overhead", "4e11", "-o", "{O}/p.json"],
+            ["--slice-overhead", "past the problem's bounds"],
+        ),
         Case("layers-tflops-nan", ["layers", "--tflops", "nan", "-o", "{O}/l.json"], ["--tflops"]),
         Case("layers-blocks-zero", ["layers", "--blocks", "0", "-o", "{O}/l.json"], ["--blocks"]),
         Case(
