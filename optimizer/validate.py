@@ -52,10 +52,11 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
     num_stages, num_slices = problem.num_stages, problem.num_slices
     tables = problem.tables()
     vocab = problem.vocab_rule()
-    violations = order_violations(problem, [[op.op for op in ops] for ops in devices])
+    orders = [[op.op for op in ops] for ops in devices]
+    violations = order_violations(problem, orders)
     if violations:
         return violations  # timing checks on a malformed schedule would only add noise
-    ends = {op.op: op.end for ops in devices for op in ops}
+    ends = {key: op.end for ops, keys in zip(devices, orders) for op, key in zip(ops, keys)}
 
     cap = TIME_CAP_SHARE * _shortest_op(tables)
     for d, ops in enumerate(devices):
