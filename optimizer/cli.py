@@ -306,7 +306,14 @@ def layers(
     check_outputs([output])
     refuse_other_format(output, "a layers file")
     sizes = DecoderSizes(blocks, hidden, vocab, sequence, batch, heads, flash_attention, tflops, bandwidth, bytes_per_parameter, comm)
-    profile = decoder_layers(sizes)
+    try:
+        profile = decoder_layers(sizes)
+    except InputError as error:
+        # A layer's times and memory come from the options together: name them, not a layer's field.
+        raise InputError(
+            f"layers: the options give a layer past pipesched's bounds (times scale with 1/--tflops and 1/--bandwidth, "
+            f"memory with --bytes-per-parameter and the sizes): {str(error).removeprefix('layers: ')}"
+        ) from None
     write_json_atomic(output, layers_to_json(profile))
     print(f"wrote {output}: {profile.num_layers} layers (embedding, {blocks} blocks, head)")
 

@@ -636,6 +636,7 @@ def cases() -> list[Case]:
             ["--slice-overhead", "past the problem's bounds"],
         ),
         Case("layers-tflops-nan", ["layers", "--tflops", "nan", "-o", "{O}/l.json"], ["--tflops"]),
+        Case("layers-tflops-tiny", ["layers", "--tflops", "1e-300", "-o", "{O}/l.json"], ["--tflops", "layers.1.forward"]),
         Case("layers-blocks-zero", ["layers", "--blocks", "0", "-o", "{O}/l.json"], ["--blocks"]),
         Case(
             "export-layout-without-split",
