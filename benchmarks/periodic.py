@@ -28,6 +28,7 @@ Results: benchmarks/results/periodic.json and periodic.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import platform
 import statistics
@@ -56,7 +57,10 @@ HINT_STEPS = (1.15, 1.2, 1.25, 1.3, 1.4, 1.5, 1.75, 2.0)  # where 1-periodic pat
 
 def cases() -> list[tuple[str, Problem]]:
     small, large = setting_named("1.5B-p8-m24"), setting_named("14.6B-p16-m48")
+    # The 4-device case of benchmarks/small_proofs.py, where `auto`'s bound leaves most open.
+    four = dataclasses.replace(small, p=4, m=12)
     return [
+        ("1.5B-p4-m12 V-Min (2)", published_problem(four, 2.0, "vshape")),
         ("1.5B-p8-m24 V-Min (4)", published_problem(small, 4.0, "vshape")),
         ("14.6B-p16-m48 V-Min (6)", published_problem(large, 6.0, "vshape")),
         ("14.6B-p16-m48 p/2 (8)", published_problem(large, 8.0, "vshape")),
