@@ -30,9 +30,9 @@ TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 
-# The quick loop while editing: everything but the tests marked slow (under a minute).
+# The quick loop while editing: everything but the tests marked slow (about a minute).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 
 lint: install
 	$(BIN)/ruff check .

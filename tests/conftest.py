@@ -1,8 +1,8 @@
 """Shared fixtures; the problem factories and hypothesis strategies live in tests/factories.py.
 
 Markers (registered in pyproject.toml): `solver` for tests that run CP-SAT or MILP models,
-`runtime` for tests that start torch.distributed ranks, `slow` for tests of more than a few
-seconds. `make test-fast` runs everything not marked slow.
+`runtime` for tests that start torch.distributed ranks, `slow` for tests of about two seconds
+or more (on 2 cores). `make test-fast` runs everything not marked slow.
 """
 
 from __future__ import annotations

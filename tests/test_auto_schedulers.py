@@ -44,6 +44,7 @@ def checked(problem: Problem, name: str):
 # -- zb-auto against the paper's Table 5 ------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["1.5B-p8-m24", "6.2B-p8-m64", "14.6B-p16-m48", "28.3B-p32-m96"])
 def test_zb_auto_reproduces_published_zb_1p_and_zb_2p(name):
     setting = setting_named(name)
@@ -94,12 +95,14 @@ def test_zb_auto_is_valid_and_within_any_limit(problem):
     checked(problem, "zb-auto")
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(limited("vshape"))
 def test_v_auto_is_valid_and_within_any_limit_where_a_schedule_exists(problem):
     checked(problem, "v-auto")
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(limited("vshape"))
 def test_v_greedy_is_valid_and_within_any_limit(problem):
@@ -126,6 +129,7 @@ def v_problem(p: int, profile: str, limit: float) -> Problem:
     return Problem.model_validate(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["uniform", "hetero"])
 @pytest.mark.parametrize("p", [4, 6, 8])
 @pytest.mark.parametrize("level", ["v-min", "v-half", "p", "2p"])
@@ -140,12 +144,14 @@ def test_v_auto_no_worse_than_v_min_v_half_zb_v_v_greedy_at_each_level(p, profil
         assert ours <= objective_value(schedule, "span") * (1 + SAME), name
 
 
+@pytest.mark.slow
 def test_v_auto_beats_v_min_at_its_memory_on_the_papers_timings():
     setting = SETTINGS[0]  # 1.5B, p = 8, m = 24: a generalised block fits V-Min's 4 activations
     problem = published_problem(setting, float((setting.p + 4) // 3), "vshape")
     assert checked(problem, "v-auto").metrics.bubble_ratio < checked(problem, "v-min").metrics.bubble_ratio - 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["1.5B-p8-m24", "6.2B-p8-m64", "14.6B-p16-m48"])
 def test_v_greedy_beats_zb_v_at_its_memory_on_the_papers_timings(name):
     # Zero Bubble's automatic V scheduler is reported 0.1-0.4% shorter than ZB-V at limit p;
@@ -165,6 +171,7 @@ def v_auto_with_and_without(limit: float, **without) -> tuple[float, float]:
     return spans[0], spans[1]
 
 
+@pytest.mark.slow
 def test_v_auto_squeezes_blocks_up_to_a_limit_above_their_peak():
     # At 15 activations ZB-V needs 16, and every block peaks at 12 or less; squeezed up
     # to 15 their warm-up and cool-down run denser.
@@ -207,6 +214,7 @@ def test_wave_with_one_slope_is_the_constant_slope_and_a_bend_changes_it_after_t
     assert wave(5, 1, 3, bend=2) == [0, 1, 2, 5, 8]  # steps 1, 1 up to device 2, then 3, 3
 
 
+@pytest.mark.slow
 def test_v_auto_fills_a_limit_between_v_mins_and_v_halfs_with_a_bent_block():
     # 14.6B, p = 16, m = 48 at 8 activations: constant-slope blocks peak at 7 or at 9, so
     # without bends v-auto returns the block for 7 (2051.7 ms); a bent block peaks at 8.
@@ -217,6 +225,7 @@ def test_v_auto_fills_a_limit_between_v_mins_and_v_halfs_with_a_bent_block():
 # -- v-auto under a deadline: the solver's time limit at the largest sizes ----------------
 
 
+@pytest.mark.slow
 def test_v_auto_past_its_deadline_returns_its_first_fitting_candidate():
     setting = setting_named("14.6B-p16-m48")
     problem = published_problem(setting, 8.0, "vshape")
@@ -228,6 +237,7 @@ def test_v_auto_past_its_deadline_returns_its_first_fitting_candidate():
     assert objective_value(hurried, "span") > full * (1 + 0.01)
 
 
+@pytest.mark.slow
 def test_build_within_is_the_deadline_build_for_v_auto_and_the_plain_build_otherwise():
     problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", memory_limit=3.0, mem_forward=0.5)
     far = time.monotonic() + 3600.0
@@ -239,6 +249,7 @@ def test_build_within_is_the_deadline_build_for_v_auto_and_the_plain_build_other
     assert v_min_generator.build_within(problem, time.monotonic() - 1.0) == v_min_generator.build(problem)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seconds", [0.0, 0.02, 0.1])
 def test_v_auto_cut_anywhere_by_its_deadline_still_fits(seconds):
     # Where the deadline falls decides which candidate is last built, never whether the
@@ -301,6 +312,7 @@ def test_bound_waits_when_it_and_the_automatic_schedulers_would_take_most_of_the
     assert bound_first(looped, SolveOptions(time_limit=20.0))
 
 
+@pytest.mark.slow
 def test_families_over_the_limit_are_not_timed_once_a_schedule_fits():
     problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", mem_forward=0.5, memory_limit=3.0)
     every, _ = generator_candidates(problem)
@@ -312,6 +324,7 @@ def test_families_over_the_limit_are_not_timed_once_a_schedule_fits():
         assert c.schedule.makespan == next(e.schedule.makespan for e in every if e.name == c.name)
 
 
+@pytest.mark.slow
 def test_the_solver_reorders_more_of_the_papers_blocks_than_v_auto_on_large_problems(monkeypatch):
     # Every problem counted as large: v-auto reorders the 2 best-ranked blocks of the
     # paper's family, the solver's phase the 3rd to 8th, and at p = 8 on the 1.5B timings
@@ -375,6 +388,7 @@ def test_an_automatic_scheduler_still_building_at_its_deadline_gives_its_best_so
     assert told == [True]
 
 
+@pytest.mark.slow
 def test_v_auto_ends_at_its_next_step_once_abandoned_and_is_unchanged_while_awaited():
     problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")
     far = time.monotonic() + 3600.0

@@ -51,6 +51,7 @@ def _family_by_definition(p: int) -> tuple:
     return tuple(blocks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", [1, 2, 3, 5, 8, 13])
 def test_the_family_is_enumerated_as_defined_in_the_same_order(p):
     assert paper_blocks(p) == _family_by_definition(p)
@@ -79,6 +80,7 @@ def test_blocks_by_peak_come_highest_first_and_hold_the_whole_family():
     assert {block for _, block in ranked} == set(paper_blocks(6))
 
 
+@pytest.mark.slow
 def test_v_auto_no_worse_than_reordering_every_fitting_block_of_the_family():
     # The repeat-squeeze-reorder search over the whole family (what the paper's automatic
     # scheduler does) against v-auto, which reorders only the best-fitting few of it.

@@ -29,6 +29,7 @@ def own_peak(offsets, m: int) -> int:
     return _peak(_squeeze(_repeat(offsets, max(m, 2 * p))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("m", [1, 3, 8, 20])
 def test_reordered_blocks_are_valid_orders_within_the_cap(p, m):
@@ -69,6 +70,7 @@ def v_auto_span(limit: float, reorder: bool) -> float:
     return objective_value(published_v_auto("14.6B-p16-m48", limit, reorder=reorder), "span")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "limit,measured",
     [
@@ -83,6 +85,7 @@ def test_reordered_blocks_shorten_v_auto_between_the_levels(limit, measured):
     assert reordered < squeezed * (1 - 0.02), measured
 
 
+@pytest.mark.slow
 def test_at_v_halfs_level_a_reordered_block_without_idle_filling_wins():
     # Filling idle slots never loses in the slot model, but with the real op times it can:
     # at V-Half's 9 activations the squeezed V-Half block (1773.1 ms) beats every reordered

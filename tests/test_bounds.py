@@ -33,6 +33,7 @@ def test_jackson_preemptive_schedule_on_a_textbook_instance():
     assert jackson_preemptive([(0, 2, 1), (0, 2, 3)]) == pytest.approx(5.0)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
@@ -85,6 +86,7 @@ def test_span_bound_is_at_most_the_makespan_bound():
     assert lower_bound(problem, "span").value <= lower_bound(problem).value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["makespan", "span"])
 def test_a_bound_cut_by_its_deadline_keeps_the_parts_that_ended(objective):
     """A deadline already past leaves the busiest device's work; none, or a far one, the
@@ -148,6 +150,7 @@ def test_device_subset_bound_never_exceeds_any_valid_schedule(seed, p, m, placem
     assert bound <= upper * (1 + 1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, limit, seconds, computed", [("1.5B-p8-m24", 4.0, 3.0, True), ("14.6B-p16-m64", 6.0, 1.0, False)])
 def test_span_relaxations_start_only_where_every_devices_frame_fits_half_the_time(record_calls, name, limit, seconds, computed):
     # The frames (heads and tails from each device's first start) rank the devices before
@@ -208,6 +211,7 @@ def small_v(p: int, m: int, limit: float) -> Problem:
     return Problem.model_validate(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "limit,before,optimum",
     [
@@ -225,6 +229,7 @@ def test_device_order_heads_raise_the_bound_and_stay_below_the_proven_optimum(li
     assert lower_bound(problem, "span").value <= objective_value(best, "span") * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_device_order_heads_raise_the_v_min_bound_at_p16():
     # 14.6B, p = 16, m = 48 at V-Min's 6 activations: 1836.93 ms before a device's other
     # chunk counted in the heads, 1877.10 after; v-auto's span stays above it.

@@ -77,6 +77,7 @@ def test_never_above_any_valid_schedule(case):
     assert max(device_bounds(problem)) <= shortest * (1 + TOLERANCE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["1.5B-p8-m24", "1.5B-p8-m64", "14.6B-p16-m48"])
 def test_proves_zb_h1_optimal_at_one_f_one_b_memory(name):
     # Zero Bubble's profiled settings at limit p (1F1B's memory): device 0 waits

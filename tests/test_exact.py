@@ -62,6 +62,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", TINY)
 def test_cpsat_matches_brute_force(problem):
     optimum = brute_force_optimum(problem)
@@ -137,6 +138,7 @@ def test_models_without_hints_reach_the_brute_force_optimum(problem):
     assert milp == pytest.approx(optimum, rel=CLOSE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", AGREE)
 @pytest.mark.parametrize("backend", ["cbc", "highs"])
 def test_cpsat_and_milp_reach_the_same_optimum(problem, backend):
@@ -239,6 +241,7 @@ def test_smallest_limit_is_feasible_and_solved():
     assert max(schedule.metrics.peak_memory) <= 2.0 + 1e-9
 
 
+@pytest.mark.slow
 def test_short_time_limit_still_returns_a_valid_schedule():
     # How far past its limit the solver stops is measured in benchmarks/timelimit.py.
     problem = zb_problem(8, 32, limit=5.0)
@@ -344,6 +347,7 @@ def test_span_objective_is_solved():
     assert schedule.metrics.lower_bound <= max(spans) * (1 + CLOSE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["cpsat", "milp"])
 def test_whole_model_methods_refuse_sizes_past_their_limit(method):
     # One op past the limit is refused before anything runs; at the limit it is accepted.
@@ -390,6 +394,7 @@ def test_an_op_far_below_the_others_rounds_down_within_the_horizon(tiny):
     assert min(tables.duration["F"]) >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["makespan", "span"])
 def test_auto_with_zero_tick_ops_runs_the_window_search(objective):
     # Zero-tick W's start at the same tick as the op after them, on their device or
@@ -426,6 +431,7 @@ def test_orders_cut_from_model_starts_follow_dependencies_where_ops_take_no_tick
     assert_valid(simulate(problem, sub.orders_from_starts(starts)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("objective", ["makespan", "span"])
 def test_auto_survives_ops_that_take_almost_no_time(seed, objective):
@@ -471,6 +477,7 @@ SLICED_OFF_GRID = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_off_grid_memory_is_not_called_exact_and_whole_models_bound_no_valid_schedule():
     problem = Problem.model_validate(SLICED_OFF_GRID)
     assert not integer_tables(problem).exact_memory  # 1.22 / 3 is on no grid of 10 decimals

@@ -193,6 +193,7 @@ def test_interleaved_takes_microbatches_in_rounds_and_refuses_what_does_not_divi
 # Interleaved zero bubble: ZB-H1's bubble time in chunk units, (p-1)(F+B-W) for W <= F, B
 # at comm 0, once m >= p (also when m is not a multiple of p); 1F1B's peak of p
 # microbatches (V*p chunk activations of 1/V each) when the rounds are of p microbatches.
+@pytest.mark.slow
 @pytest.mark.parametrize("f,b,w", UNEQUAL)
 @pytest.mark.parametrize("v", [2, 3])
 @pytest.mark.parametrize("p,m", [(2, 2), (2, 6), (4, 4), (4, 6), (4, 12), (8, 16), (8, 20)])
@@ -282,6 +283,7 @@ def heterogeneous(draw, placement: str, sliced: bool = False, vocab: bool = Fals
     return Problem.model_validate(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PLACEMENT_OF))
 def test_family_orders_are_valid_on_random_times(name):
     generator = GENERATORS[name]
@@ -304,6 +306,7 @@ def _span(schedule) -> float:
     return max(ops[-1].end - ops[0].start for ops in schedule.devices if ops)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("v", [2, 3])
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 9), (4, 12), (8, 16), (8, 19)])
 @pytest.mark.parametrize("limit_share", [None, 1.0, 0.75, 0.5])

@@ -325,6 +325,7 @@ def test_large_problems_prove_alongside_the_search_not_in_front():
     assert applying.index(portfolio.fluid_bound_alongside) < applying.index(portfolio.order_search)
 
 
+@pytest.mark.slow
 def test_the_phase_does_not_start_a_program_it_cannot_finish():
     # p = 32 on the V placement with less time than FLUID_START_SHARE of one program's
     # estimate: no worker starts and the bound stays.
@@ -366,6 +367,7 @@ def test_stop_below_probe_gives_up_where_the_first_probe_fits():
     assert static < raised <= 531.5
 
 
+@pytest.mark.slow
 def test_the_least_shortfall_is_nothing_at_a_schedules_span_and_refutes_below_the_work():
     # The program is always feasible: ending by Z is met up to the shortfall it minimizes.
     problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 3.0, "vshape")
@@ -413,6 +415,7 @@ GRADED = [(seed, placement, p) for seed in range(4) for placement, p in (("vshap
 ROW_SLACK = 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed, placement, p", GRADED)
 def test_every_schedule_meets_the_program_at_its_span_on_coarse_grids(seed, placement, p):
     problem = random_problem(random.Random(seed), p, 10, placement, limit=2.0, decimals=2, forward_memory=(1.0, 0.5))

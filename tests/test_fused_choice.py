@@ -97,6 +97,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", TINY)
 @pytest.mark.parametrize("method", ["cpsat", "milp"])
 def test_models_with_the_choice_match_brute_force(problem, method):

@@ -78,6 +78,7 @@ def test_never_over_the_limit_never_deadlocked(problem):
     greedy_schedule(problem)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(memory_problems(allocating_backward=True))
 def test_safe_when_backward_allocates(problem):
@@ -149,6 +150,7 @@ def uneven(p: int, m: int, seed: int, comm: float) -> Problem:
     return Problem.model_validate({"num_devices": p, "num_microbatches": m, "stages": stages, "comm_time": comm})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("comm", [0.0, 0.1])
 @pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (8, 16), (8, 32)])

@@ -136,6 +136,7 @@ def test_split_search_fits_a_limit_only_fused_backwards_fit():
     assert validate(chosen.problem, chosen.schedule.devices) == []
 
 
+@pytest.mark.slow
 @pytest.mark.solver
 @pytest.mark.parametrize("method", ["auto", "cpsat"])
 @pytest.mark.parametrize("above", [0.0, 0.2])

@@ -19,6 +19,7 @@ from optimizer.simulate import simulate
 from optimizer.validate import validate
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
@@ -70,6 +71,7 @@ BEFORE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,p,m,placement,limit,greedy_before,list_before", BEFORE)
 def test_no_longer_than_before_the_engines_were_merged(seed, p, m, placement, limit, greedy_before, list_before):
     problem = random_problem(random.Random(seed), p, m, placement, limit=limit)

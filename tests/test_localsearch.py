@@ -90,6 +90,7 @@ def test_same_seed_and_moves_give_the_same_order(rng):
     assert runs[0] == runs[1]
 
 
+@pytest.mark.slow
 def test_stops_at_its_deadline():
     setting = setting_named("1.5B-p8-m24")
     problem = published_problem(setting, float((setting.p + 4) // 3), "vshape")
@@ -99,6 +100,7 @@ def test_stops_at_its_deadline():
     assert result.order() == simulate(problem, start).order()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["vmin", "vhalf"])
 def test_beats_v_auto_on_a_memory_tight_v_case(level):
     setting = setting_named("1.5B-p8-m24")

@@ -26,6 +26,7 @@ def cases():
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,placement,p,m", cases())
 def test_every_family_pairs_up_in_order(family, placement, p, m):
     schedule = generate(uniform_problem(p, m, placement=placement, comm_time=0.1), family)

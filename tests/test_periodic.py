@@ -31,6 +31,7 @@ def zb_shape(p: int, m: int, placement: str, limit: float | None) -> Problem:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["linear", "vshape"])
 def test_an_unrolled_pattern_is_a_valid_order(placement):
     problem = zb_shape(4, 12, placement, None)
@@ -42,6 +43,7 @@ def test_an_unrolled_pattern_is_a_valid_order(placement):
     assert validate(problem, schedule.devices) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement,limit", [("linear", 3.0), ("vshape", 2.0)])
 def test_a_pattern_found_fits_its_limit_and_none_is_said_only_where_the_memory_free_ones_overflow(placement, limit):
     # Periods from the busiest device's work up. A pattern returned must fit once unrolled
@@ -68,6 +70,7 @@ def test_a_pattern_found_fits_its_limit_and_none_is_said_only_where_the_memory_f
     assert "pattern" in answers  # a long enough period always has room
 
 
+@pytest.mark.slow
 def test_no_pattern_at_full_rate_when_the_first_device_holds_too_few_round_trips():
     # Linear p = 4 with room for 2 activations on every device: device 0 holds each
     # microbatch from its F until its B frees it, a round trip through all 4 stages (about
@@ -110,6 +113,7 @@ def test_none_is_never_said_off_the_decimal_grid_where_a_pattern_fits_exactly():
         assert simulate(problem, unroll(problem, offsets, busiest_work(problem))).fits_memory()
 
 
+@pytest.mark.slow
 def test_two_copies_per_cycle_reach_a_rate_no_single_copy_does_and_never_say_none_where_one_fits():
     # Linear p = 4 with room for 3 activations: at 1.5 times the busiest device's work per
     # microbatch no 1-periodic pattern fits (proven), but alternating two patterns does,

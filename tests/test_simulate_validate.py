@@ -50,6 +50,7 @@ problems = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(problems)
 def test_simulated_feasible_orders_are_valid(case):
@@ -110,6 +111,7 @@ def test_any_op_moved_earlier_is_caught(case):
     assert any(v.startswith(("dependency:", "overlap:")) for v in violations), violations
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(problems, st.floats(0.3, 1.5))
 def test_memory_violation_iff_peak_over_limit(case, fraction):

@@ -120,6 +120,7 @@ def test_pictures_and_traces_label_ops_mb_dot_slice():
     assert "F stage 0 mb 1:" in unsliced and "mb 1.0" not in unsliced
 
 
+@pytest.mark.slow
 def test_greedy_orders_slices_within_the_memory_limit():
     """The list engine over units: valid (hence never over the limit and never stuck) for
     limits from one microbatch's peak up, on every placement."""
@@ -145,6 +146,7 @@ def test_greedy_refuses_slices_where_its_memory_bound_does_not_hold():
     assert validate(unlimited, generate(unlimited, "greedy").devices) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_auto_on_sliced_problems_is_valid_and_no_worse_than_any_sliced_family(seed):
     rng = random.Random(seed)

@@ -61,6 +61,7 @@ def test_the_tiny_cases_are_small_enough_and_on_an_exact_grid():
         assert integer_tables(problem).exact_time
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", TINY)
 @pytest.mark.parametrize("method", ["cpsat", "milp"])
 def test_models_match_brute_force_on_sliced_problems(problem, method):

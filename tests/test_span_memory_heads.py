@@ -54,6 +54,7 @@ RAISED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed, placement, limit, sizes, bound, optimum", RAISED)
 def test_raises_tiny_bounds_and_stays_below_the_brute_force_optimum(seed, placement, limit, sizes, bound, optimum):
     problem = random_problem(random.Random(seed), 2, 2, placement, limit=limit, decimals=2, forward_memory=sizes)
@@ -100,6 +101,7 @@ def test_the_room_for_the_next_chunk_is_a_lag_in_microbatches():
     assert lags(published_problem(setting, None, "vshape"))[0] == []
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(problem_cases(max_devices=4, max_microbatches=6, placements=("vshape", "linear", "interleaved:2"), limits=(1.0, 1.5, 2.0, 3.0)))
 def test_never_above_any_valid_schedule_under_tight_limits(case):

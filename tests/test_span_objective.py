@@ -157,6 +157,7 @@ def test_a_solve_keeps_time_for_timing_the_final_order_only_where_candidates_are
 # --- bounds never above any schedule, proofs never beaten ---------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(problem_cases())
 def test_lower_bounds_never_exceed_any_valid_schedule(case):
@@ -297,6 +298,7 @@ def test_span_relaxation_never_exceeds_the_brute_force_optimum(case):
     assert bound <= optimum * (1 + TOLERANCE)
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, derandomize=True)
 @given(problem_cases(max_devices=4, max_microbatches=5))
 def test_span_relaxation_never_exceeds_any_valid_schedule(case):
@@ -323,6 +325,7 @@ def test_span_relaxation_proves_zb_h1_optimal_at_one_f_one_b_memory():
     assert lower_bound(problem, "span").value == pytest.approx(span, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_dear_lower_bound_waits_for_the_starting_points_and_never_overruns():
     # p = 16, m = 64 on the V placement: the bound takes about 0.8 s, which at a 1 s
     # limit would leave v-auto no time (auto returned 22% worse than v-auto); it then

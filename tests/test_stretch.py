@@ -23,6 +23,7 @@ from optimizer.simulate import simulate
 from optimizer.validate import validate
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_every_stretch_is_a_valid_order_of_every_op(rng, placement):
     # Any schedule, even a random one with fused backwards, at every window and pivot:

@@ -138,6 +138,7 @@ def test_no_barrier_count_fits_names_the_least_limit():
     assert result.chosen.schedule is not None and result.chosen.schedule.fits_memory()
 
 
+@pytest.mark.slow
 def test_cli_solves_a_layers_file_with_vocab_parallel(tmp_path):
     runner = CliRunner()
     layers_file, schedule_file = tmp_path / "layers.json", tmp_path / "s.json"
@@ -182,6 +183,7 @@ def test_cli_refuses_vocab_parallel_without_a_head_or_on_a_problem(tmp_path):
     assert result.exit_code == 2 and "--vocab-parallel: only for a layers file" in result.output, result.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "message"), [("megatron-layout", "cannot express"), ("torchtitan-modules", "do not")])
 def test_split_exports_refuse_a_vocab_parallel_schedule(tmp_path, fmt, message):
     layers_file, schedule_file = tmp_path / "layers.json", tmp_path / "s.json"

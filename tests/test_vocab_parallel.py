@@ -134,6 +134,7 @@ def test_size_counts_the_passes():
 PLACEMENTS = ("linear", "vshape", "interleaved:2")
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(st.integers(0, 10**6), st.integers(2, 4), st.integers(1, 6), st.sampled_from(PLACEMENTS), st.sampled_from([1, 2]))
 def test_every_family_places_the_passes_validly(seed, p, m, placement, barriers):
@@ -189,6 +190,7 @@ def test_canonical_relabelling_keeps_each_shard_in_microbatch_order_and_the_make
                 assert [op.microbatch for op in ops if op.kind == kind] == list(range(4)), (d, kind)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     st.integers(0, 10**6),
@@ -232,6 +234,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(TINY)))
 def test_solver_optimum_equals_brute_force_and_bounds_hold(case):
     problem, objective = TINY[case]
@@ -257,6 +260,7 @@ def test_two_microbatches_brute_force_agrees_with_cpsat():
     assert schedule.makespan == pytest.approx(optimum, rel=TOLERANCE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["linear", "vshape"])
 @pytest.mark.parametrize("limit", [None, 6.0])
 def test_auto_is_never_worse_than_any_family_and_fits(placement, limit):
