@@ -394,6 +394,19 @@ def test_an_op_far_below_the_others_rounds_down_within_the_horizon(tiny):
     assert min(tables.duration["F"]) >= 1
 
 
+@pytest.mark.parametrize("tiny", [1e-306, 5e-324])
+def test_times_below_about_1e_305_off_the_decimal_grid_get_a_grid_and_solve(tiny):
+    # Off the decimal grid (F = 1.23456789) the grid's power came from MIN_TICKS / tiny,
+    # which overflows to infinity below about 1e-305: a traceback in solve and pareto.
+    for problem in (
+        uniform_problem(3, 6, 1.23456789, 1.0, 1.0, comm_time=tiny),
+        uniform_problem(3, 6, 1.23456789, 1.0, tiny),
+    ):
+        tables = integer_tables(problem)
+        assert min(tables.duration["F"]) >= 1
+        assert_valid(solve(problem, "auto", SolveOptions(time_limit=1)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["makespan", "span"])
 def test_auto_with_zero_tick_ops_runs_the_window_search(objective):

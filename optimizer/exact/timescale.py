@@ -179,7 +179,8 @@ def integer_tables(problem: Problem, relax_memory: bool = False) -> IntegerTable
         # Fine enough for the smallest op, but never past the horizon cap: with an op a
         # billionth of the others (a W of 1e-300) the grid would need 10**300 ticks, so
         # such an op rounds down, to no ticks at all (still a lower bound).
-        power = math.ceil(math.log10(MIN_TICKS / smallest))
+        # (In logarithms: MIN_TICKS / smallest overflows below about 1e-305.)
+        power = math.ceil(math.log10(MIN_TICKS) - math.log10(smallest))
         if total > 0:
             power = min(power, math.floor(math.log10(MAX_HORIZON_TICKS / total)))
         scale = 10 ** max(0, power)
