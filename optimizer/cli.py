@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from optimizer.errors import InputError, PipeschedError
 from optimizer.exact.options import OBJECTIVES
@@ -156,7 +157,9 @@ def _run_app(command: typer.Typer, args: list[str] | None) -> int:
 
 
 def stdout_console() -> Console:
-    return Console(highlight=False)
+    # No markup: file names and method names are printed as they are ("[/y].json" was a
+    # MarkupError traceback, "[red]x.json" printed styled as "x.json").
+    return Console(highlight=False, markup=False)
 
 
 def format_memory(peaks: list[float]) -> str:
@@ -569,7 +572,7 @@ class _ProgressLine:
         from rich.console import Console
 
         self.quiet = quiet
-        self.console = Console(stderr=True, highlight=False)
+        self.console = Console(stderr=True, highlight=False, markup=False)
         self.last: Progress | None = None
         self.interrupted = False
         self.live: Live | None = None
@@ -612,8 +615,6 @@ class _ProgressLine:
         return f"{elapsed:6.1f}s  incumbent {incumbent}  bound {p.bound:.6g}  gap {gap}  ({p.phase})"
 
     def render(self):
-        from rich.text import Text
-
         return Text(self.text())
 
 
@@ -651,7 +652,7 @@ def pareto(
 
         require_matplotlib("--plot")
     loaded = load_problem(problem_file)
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, markup=False)
 
     def on_point(point) -> None:
         if not quiet:
@@ -735,14 +736,14 @@ def print_comparison(rows: list[dict], title: str) -> None:
         table.add_column(column, justify=cast("JustifyMethod", justify))
     for row in rows:
         if row["makespan"] is None:
-            table.add_row(row["method"], "-", "-", "-", "[red]no[/red]")
+            table.add_row(row["method"], "-", "-", "-", Text("no", style="red"))
             continue
         table.add_row(
             row["method"],
             f"{row['makespan']:.6g}",
             f"{row['bubble_ratio']:.2%}",
             f"{row['peak_memory']:.4g}",
-            "yes" if row["fits_memory"] else "[red]no[/red]",
+            "yes" if row["fits_memory"] else Text("no", style="red"),
         )
     stdout_console().print(table)
     for row in rows:

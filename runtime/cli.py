@@ -325,7 +325,7 @@ def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) 
             f"{fused_backward_ms[s]:.3f}",
             *(f"{mem[kind] * 1024:.3g}" for kind in ("forward", "backward_input", "backward_weight")),
         )
-    Console(highlight=False).print(table)
+    Console(highlight=False, markup=False).print(table)
     print("BW: the fused backward, written as each stage's `backward` (a BW op's time). Memory: MiB here, GiB in the file.")
     print(f"wrote {output}")
 

@@ -108,6 +108,21 @@ def test_compare_lists_each_family_with_fit(tmp_path):
     assert rows["1f1b"]["peak_memory"] == 2
 
 
+def test_file_names_with_brackets_are_printed_as_they_are(tmp_path, monkeypatch):
+    # A name is not rich markup: "[/y]" closes no tag (it was a MarkupError traceback) and
+    # "[red]" would print the name styled, as "mine.json".
+    monkeypatch.setenv("COLUMNS", "500")  # the whole path on one line of the title
+    folder = tmp_path / "["
+    folder.mkdir()
+    problem = write(folder, "y].json", good_problem())
+    mine = tmp_path / "[red]mine.json"
+    assert invoke("solve", problem, "-o", mine, "-q", "--time-limit", "1").exit_code == 0
+    result = invoke("compare", problem, "--schedule", mine)
+    assert result.exit_code == 0, result.output
+    assert f"{folder}/y].json" in result.stdout
+    assert "[red]mine.json" in result.stdout
+
+
 def test_compare_keeps_hand_schedules_when_no_schedule_fits(tmp_path):
     # vshape: each device holds two stages of 0.5, so one microbatch in flight needs 1 > 0.5.
     problem = uniform_problem(4, 8, placement="vshape", mem_forward=0.5, memory_limit=0.5)
