@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from optimizer.cli import app
-from optimizer.formats.schedule_json import load_schedule
+from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.problem import StageMemory, uniform_problem
+from optimizer.schedules import generate
 
 runner = CliRunner()
 
@@ -121,6 +122,19 @@ def test_file_names_with_brackets_are_printed_as_they_are(tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert f"{folder}/y].json" in result.stdout
     assert "[red]mine.json" in result.stdout
+
+
+def test_validate_names_a_missing_op_where_the_files_metrics_no_longer_agree(tmp_path):
+    # An op dropped from the middle of device 0 leaves its span and adds to its idle time,
+    # so the file's bubble ratio is no longer what the ops give: the op is what is wrong
+    # (exit 1), not the metric (exit 2).
+    schedule = tmp_path / "s.json"
+    save_schedule(generate(uniform_problem(2, 4), "gpipe"), schedule)
+    data = json.loads(schedule.read_text())
+    dropped = data["devices"][0].pop(2)
+    result = invoke("validate", write(tmp_path, "dropped.json", data))
+    assert result.exit_code == 1, result.output
+    assert f"missing: {dropped['kind']}(stage {dropped['stage']}, mb {dropped['microbatch']})" in result.stdout
 
 
 def test_compare_keeps_hand_schedules_when_no_schedule_fits(tmp_path):
