@@ -45,6 +45,12 @@ from optimizer.problem import Problem, Tables
 from runtime.slicing import SliceCache
 
 MIB = 2**20
+# Upper bounds of the options, checked before any rank starts: past them torch fails
+# inside the ranks (a seed past 64 bits, a tensor of 1e300 MiB) or a build runs for
+# minutes (a width of 1e8).
+SYNTHETIC_MAX_OPTION = {"width": 1_000_000, "batch_size": 1_000_000, "mib_per_unit": 65_536.0, "seed": 1_000_000}
+# Numbers in one microbatch's tensor (batch_size x width): 10 million, 40 MB.
+SYNTHETIC_MAX_NUMBERS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -199,8 +205,18 @@ def parse_options(options: str) -> tuple[SyntheticConfig, str | None]:
             raise InputError(f"model: synthetic option seed={value} must be 0 or more")
         if key != "seed" and (not number >= 1e-12 or number == float("inf")):
             raise InputError(f"model: synthetic option {key}={value} must be positive and finite")
+        if number > SYNTHETIC_MAX_OPTION[key]:
+            raise InputError(
+                f"model: synthetic option {key}={value} is more than the {SYNTHETIC_MAX_OPTION[key]:.0f} the synthetic model takes"
+            )
         values[key] = number
-    return SyntheticConfig(**values), problem_path
+    config = SyntheticConfig(**values)
+    if config.width * config.batch_size > SYNTHETIC_MAX_NUMBERS:
+        raise InputError(
+            f"model: the synthetic model's tensor of batch_size x width = {config.width * config.batch_size} numbers "
+            f"is more than the {SYNTHETIC_MAX_NUMBERS:.0e} it passes (make width or batch_size smaller)"
+        )
+    return config, problem_path
 
 
 def build_synthetic(config: SyntheticConfig, problem: Problem, num_stages: int):

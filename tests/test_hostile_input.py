@@ -135,6 +135,7 @@ def write_corpus(folder: Path) -> None:
         ),
         "layers_too_many.json": json.dumps({**layers, "layers": [layers["layers"][1]] * 5000}),
         "layers_zero_time.json": json.dumps({**layers, "layers": [{**layers["layers"][1], "backward_input": 0.0}]}),
+        "layers_version_true.json": json.dumps({**layers, "version": True}),
         "raising_model.py": "def build_stages(num_stages):\n    raise RuntimeError('no weights here')\n",
         "syntax_model.py": "def build_stages(num_stages) return\n",
         "import_model.py": "import module_that_is_not_there\n",
@@ -399,6 +400,16 @@ def cases() -> list[Case]:
             ["solve", "{C}/p.json", "--method", "1f1b", "--objective", "span", "-o", "{O}/s.json"],
             ["--objective", "1f1b is a schedule family"],
         ),
+        Case(
+            "run-synthetic-seed-past-64-bits", ["run", "{C}/s.json", "--model", "synthetic:seed=9223372036854775807"], ["seed", "1000000"]
+        ),
+        Case("run-synthetic-huge-unit", ["run", "{C}/s.json", "--model", "synthetic:mib_per_unit=1e300"], ["mib_per_unit", "65536"]),
+        Case("run-synthetic-huge-width", ["run", "{C}/s.json", "--model", "synthetic:width=100000000"], ["width", "1000000"]),
+        Case(
+            "profile-synthetic-huge-tensor",
+            ["profile", "--model", "synthetic:width=10000,batch_size=10000,problem={C}/p.json", "-p", "2", "-m", "2", "-o", "{O}/pr.json"],
+            ["batch_size x width"],
+        ),
         Case("run-huge-example-model", ["run", "{C}/s.json", "--model", "example:layers=99999999999999999999999"], ["layers", "1000000"]),
         Case("solve-seed-over-32-bits", ["solve", "{C}/p.json", "--seed", "2147483648", "-o", "{O}/s.json"], ["--seed", "2147483647"]),
         Case(
@@ -575,6 +586,17 @@ def cases() -> list[Case]:
             ["solve", "{C}/layers_zero_time.json", "-p", "1", "-m", "4", "-o", "{O}/s.json"],
             ["layers.0.backward_input", "greater than 0"],
         ),
+        Case(
+            "solve-layers-version-true",
+            ["solve", "{C}/layers_version_true.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"],
+            ["layers_version_true.json", "version"],
+        ),
+        Case(
+            "solve-layers-memory-limit-negative-zero",
+            ["solve", "{C}/l.json", "-p", "2", "-m", "4", "--memory-limit", "-0.0", "-o", "{O}/s.json"],
+            ["--memory-limit", "must be positive"],
+        ),
+        Case("solve-time-limit-just-over", ["solve", "{C}/p.json", "-o", "{O}/s.json", "--time-limit", "1000000.5"], ["got 1000000.5"]),
         Case("solve-layers-no-devices", ["solve", "{C}/l.json", "-o", "{O}/s.json"], ["l.json", "--devices"]),
         Case(
             "solve-layers-many-devices", ["solve", "{C}/l.json", "-p", "100000", "-m", "4", "-o", "{O}/s.json"], ["num_devices", "100000"]
