@@ -116,7 +116,7 @@ def finite_option(option: str, value: float | None, *, low: float | None = None,
 
 def _shown(number: float) -> str:
     """A number as the user would write it (integers in full)."""
-    return str(number) if isinstance(number, int) else f"{number:g}"
+    return str(number) if isinstance(number, int) else f"{number:.12g}"
 
 
 def run_app(command: typer.Typer, args: list[str] | None = None, terminations: bool = True) -> int:
@@ -395,6 +395,8 @@ def solve(
         raise InputError(f"--objective: '{printable(objective)}' is not one of {', '.join(OBJECTIVES)}")
     solver = solver or "cbc"
     finite_option("--memory-limit", memory_limit, low=0.0, high=MAX_VALUE)
+    if memory_limit is not None and memory_limit <= 0:  # as a problem file's memory_limit
+        raise InputError(f"--memory-limit: must be positive, got {_shown(memory_limit)}")
     barrier_choices = _vocab_barrier_choices(vocab_parallel, vocab_barriers)
     check_outputs([output], [problem_file, *start])
     refuse_other_format(output, "a schedule")

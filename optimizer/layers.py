@@ -50,7 +50,8 @@ class LayersProfile(_Strict):
     """The layers of a model in order, and the transfer time of an activation between devices."""
 
     format: Literal["pipesched.layers"]
-    version: Literal[1]
+    # An int rather than Literal[1], which takes true and 1.0 (both equal to 1).
+    version: Annotated[int, Field(ge=1, le=1)]
     layers: Annotated[list[Layer], Field(min_length=1, max_length=MAX_LAYERS)]
     comm_time: Annotated[float, Field(ge=0, le=MAX_VALUE)] = 0.0
 
