@@ -16,6 +16,9 @@ pytestmark = [pytest.mark.solver, pytest.mark.slow]
 def test_parse_limits():
     assert parse_limits("1:3:0.5") == [1.0, 1.5, 2.0, 2.5, 3.0]
     assert parse_limits("4") == [4.0]
+    assert parse_limits("0.1:0.5:0.1") == [0.1, 0.2, 0.3, 0.4, 0.5]
+    # Significant digits, not decimals: tiny limits stay the ones asked for.
+    assert parse_limits("2e-13:8e-13:2e-13") == [2e-13, 4e-13, 6e-13, 8e-13]
     for bad in ("1:2", "a:b:c", "3:1:1", "1:2:0", "0:2:1"):
         with pytest.raises(InputError):
             parse_limits(bad)

@@ -88,7 +88,9 @@ def parse_limits(text: str) -> list[float]:
     count = int(steps) + 1
     if count > 1000:
         raise InputError(f"limits: '{text}' gives {count} limits; use a larger STEP")
-    return [round(start + k * step, 12) for k in range(count)]
+    # Twelve significant digits, not decimals: 0.1 + 2 * 0.1 is 0.3, and a limit of 2e-13
+    # stays 2e-13 (rounded to 12 decimals it was 0, refused as not positive).
+    return [float(f"{start + k * step:.12g}") for k in range(count)]
 
 
 def _with_limit(problem: Problem, limit: float) -> Problem:
