@@ -245,17 +245,6 @@ def _slowed(build, seconds: float):
     return built
 
 
-def test_v_auto_on_a_small_problem_has_a_schedule_before_it_chooses_its_blocks(monkeypatch):
-    # Its rounds come first where they are cheap: choosing the blocks made slow (3 s), a
-    # 1 s deadline still gets the rounds' order (the only candidate that fits here).
-    problem = uniform_problem(4, 8, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=2.0)
-    monkeypatch.setattr(v_auto_module, "candidate_blocks", _slowed(v_auto_module.candidate_blocks, 3.0))
-    deadline = time.monotonic() + 1.0
-    found, failed = generator_candidates(problem, deadline, essential=("v-auto",), essential_deadline=deadline, which="v-auto".__eq__)
-    assert [c.name for c in found] == ["v-auto"], failed
-    assert validate(problem, found[0].schedule.devices) == []
-
-
 def test_on_small_problems_the_automatic_schedulers_come_before_slow_built_ins(monkeypatch):
     # torch's three built-ins on the V placement made slow (0.5 s each, 1.5 s together) at
     # a 1 s limit: v-auto runs first and is among the starting points.

@@ -152,8 +152,9 @@ AUTOMATIC_SHARE = 0.9
 # automatic ones are the stronger and hand over what they have at their deadline (p = 8,
 # m = 10 on the V placement under uneven per-device limits at 1 s: v-auto, after the
 # bound and the built-ins, had 0.67 s and nothing yet, and `auto` returned a list
-# schedule 33% longer). They then stop where the built-ins keep this share of the
-# essential time. Not with vocabulary passes: the passes are woven into a finished order
+# schedule 33% longer). They then stop where the built-ins keep twice their estimated
+# time, at most this share of the essential time (v-auto takes up to 5.6 s at p = 16,
+# m = 64 at V-Half's memory: a fixed quarter of a 5 s limit would cut it short). Not with vocabulary passes: the passes are woven into a finished order
 # only, so an automatic scheduler cut short hands over nothing (p = 6, m = 13 at 1 s:
 # v-auto takes 1.1 s, and first it left only GPipe's 372.0 where the built-ins first gave
 # ZB-V's 355.2). Above it the built-ins (a walk and a timing each) come first: v-auto
@@ -219,9 +220,11 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     built_ins = _generators_in(TORCH_BUILT_INS)
     automatic = _generators_in(AUTOMATIC_SCHEDULERS)
     if problem.num_ops <= AUTOMATIC_FIRST_OPS and problem.vocab_parallel is None:
-        # Leave the built-ins their part of the essential time (all or nothing, they cannot
-        # hand over half a build).
-        automatic_until = essential_until - BUILT_INS_AFTER_SHARE * max(0.0, essential_until - time.monotonic())
+        # Leave the built-ins their time (all or nothing, they cannot hand over half a
+        # build): twice their estimate, at most a share of the essential time.
+        count = sum(1 for g in applicable(problem) if g.name in TORCH_BUILT_INS)
+        estimate = 2 * BUILT_IN_SECONDS_PER_OP * problem.num_ops * count
+        automatic_until = essential_until - min(estimate, BUILT_INS_AFTER_SHARE * max(0.0, essential_until - time.monotonic()))
         found = _generators(problem, tracker, automatic, families_until, automatic_until)
         found += _generators(problem, tracker, built_ins, families_until, essential_until)
     else:

@@ -289,9 +289,9 @@ def v_auto(
     `denser=False` the squeezes up to the limit, and `reorder=False` the reordered blocks.
     With a `deadline` (time.monotonic()) no further candidate is built once one fits and
     the longest step so far would end past it, and none is timed once it has passed: the
-    candidates come cheapest and strongest first (ZB-V, up to 10,000 ops the rounds, the
-    chosen blocks, V-Min's and V-Half's; above 10,000 ops the first block reordered right
-    after it, and where ZB-V fits the rounds and the list scheduler before the blocks), so a solver's time limit
+    candidates come cheapest and strongest first (ZB-V, the chosen blocks, V-Min's and
+    V-Half's; above 10,000 ops the first block reordered right after it, and where ZB-V
+    fits the rounds and the list scheduler before the blocks), so a solver's time limit
     holds at the largest sizes. `keep` hears each shorter order that fits as it is found;
     once `abandoned()` is true (the caller stopped waiting) it raises TimeoutError at its
     next step."""
@@ -354,25 +354,6 @@ def v_auto(
     # the generalised blocks (below V-Half's memory or just above) do not come near it.
     known = [tuple(tuple(r) for r in rows) for rows in (v_min_offsets(p), v_half_offsets(p))]
     small = not leaves_blocks_out(problem)
-    # The ZB-V-style rounds fill the V only where ZB-V's memory fits (there they are
-    # 0.05-0.4% shorter than ZB-V); below it they are far behind the blocks, and they
-    # are built there only where they cost nothing (0.03 s at p = 8, 1.2 s at p = 32).
-    rounds_built = False
-
-    def rounds() -> None:
-        nonlocal rounds_built
-        if (zb_v_fits or small) and not rounds_built and not due():
-            rounds_built = True
-            with contextlib.suppress(InfeasibleError):  # its rounds stuck: the other candidates stand
-                consider(v_greedy(problem))
-
-    if small:
-        # The rounds first where they are cheap: under uneven per-device limits often the
-        # only candidate that fits, and a caller's deadline then still gets a schedule (p = 8,
-        # m = 10 at a 1 s solve on a loaded machine: v-auto had nothing after 0.67 s, its
-        # rounds coming last after the blocks' choice, and `auto` returned a list schedule
-        # 33% longer).
-        rounds()
     chosen: list[Block] = []
     if not zb_v_fits:
         for bent, budget in (
@@ -389,6 +370,14 @@ def v_auto(
             if due():
                 return
             consider(building_block_orders([list(r) for r in offsets], m))
+
+    # The ZB-V-style rounds fill the V only where ZB-V's memory fits (there they are
+    # 0.05-0.4% shorter than ZB-V); below it they are far behind the blocks, and they
+    # are built there only where they cost nothing (0.03 s at p = 8, 1.2 s at p = 32).
+    def rounds() -> None:
+        if (zb_v_fits or small) and not due():
+            with contextlib.suppress(InfeasibleError):  # its rounds stuck: the other candidates stand
+                consider(v_greedy(problem))
 
     # The list scheduler pays where memory exceeds ZB-V's (a deeper warm-up), and it is
     # the fallback that fits whenever any split-backward schedule can; at tighter limits the blocks
