@@ -30,7 +30,7 @@ TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 
-# The quick loop while editing: everything but the tests marked slow (about a minute).
+# The quick loop while editing: everything but the tests marked slow (about 40 s).
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 
