@@ -237,27 +237,6 @@ def test_v_auto_past_its_deadline_returns_its_first_fitting_candidate():
     assert objective_value(hurried, "span") > full * (1 + 0.01)
 
 
-def _slowed(build, seconds: float):
-    def built(*args, **kwargs):
-        time.sleep(seconds)
-        return build(*args, **kwargs)
-
-    return built
-
-
-def test_on_small_problems_the_automatic_schedulers_come_before_slow_built_ins(monkeypatch):
-    # torch's three built-ins on the V placement made slow (0.5 s each, 1.5 s together) at
-    # a 1 s limit: v-auto runs first and is among the starting points.
-    problem = uniform_problem(4, 8, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5, memory_limit=2.0)
-    every = incumbents.applicable(problem)
-    built_ins = [g.name for g in every if g.name in portfolio.TORCH_BUILT_INS]
-    assert len(built_ins) == 3
-    slowed = [dataclasses.replace(g, build=_slowed(g.build, 0.5)) if g.name in built_ins else g for g in every]
-    monkeypatch.setattr(incumbents, "applicable", lambda problem: slowed)
-    names = {c.name for c in starting_points(problem, Tracker("makespan", 1.0))}
-    assert "v-auto" in names
-
-
 @pytest.mark.slow
 def test_build_within_is_the_deadline_build_for_v_auto_and_the_plain_build_otherwise():
     problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", memory_limit=3.0, mem_forward=0.5)

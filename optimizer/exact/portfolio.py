@@ -147,20 +147,6 @@ FALLBACK_FAMILIES = ("v-half", "v-min")
 # the two whole builds took 2.2 s of a 5 s limit before the list scheduler's fallback,
 # the two on p microbatches 0.5 s.
 AUTOMATIC_SHARE = 0.9
-# Up to this many ops the automatic schedulers run before torch's built-ins: there each
-# is quick alone, but a short limit on a loaded machine may not fit them all, and the
-# automatic ones are the stronger and hand over what they have at their deadline (p = 8,
-# m = 10 on the V placement under uneven per-device limits at 1 s: v-auto, after the
-# bound and the built-ins, had 0.67 s and nothing yet, and `auto` returned a list
-# schedule 33% longer). They then stop where the built-ins keep twice their estimated
-# time, at most this share of the essential time (v-auto takes up to 5.6 s at p = 16,
-# m = 64 at V-Half's memory: a fixed quarter of a 5 s limit would cut it short). Not with vocabulary passes: the passes are woven into a finished order
-# only, so an automatic scheduler cut short hands over nothing (p = 6, m = 13 at 1 s:
-# v-auto takes 1.1 s, and first it left only GPipe's 372.0 where the built-ins first gave
-# ZB-V's 355.2). Above it the built-ins (a walk and a timing each) come first: v-auto
-# alone takes 2.7-4 s at p = 32, m = 256 and would leave them nothing.
-AUTOMATIC_FIRST_OPS = 10_000
-BUILT_INS_AFTER_SHARE = 0.25
 # The automatic schedulers take about this long per op, built and timed (v-auto at
 # p = 32, m = 256 on the V placement: 2.5 s and 0.2 s for 49k ops on 2 cores).
 AUTOMATIC_SECONDS_PER_OP = 6e-5
@@ -193,12 +179,12 @@ LIST_SECONDS_PER_OP = 2.5e-5
 def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     """Offer every generator and list-scheduler policy to the tracker; return them all.
 
-    The families torch ships (`auto` must never return worse than they do; each is all or
-    nothing, and quick) and the automatic schedulers (nor worse than those; each hands
-    over the best it has at its deadline, so a loaded machine costs them some quality, not
-    the whole schedule) run first: the automatic ones first up to AUTOMATIC_FIRST_OPS, the
-    built-ins first above (at p = 32, m = 256 on the V placement at 5 s, v-auto's 2.7-4 s
-    before them left torch's ZB-V unbuilt and `auto` 0.01% longer); then the first list-scheduler policy (as quick as a simulation, and the best known
+    The families torch ships run first (`auto` must never return worse than they do;
+    each is all or nothing, and quick), then the automatic schedulers (nor worse than
+    those; each hands over the best it has at its deadline, so a loaded machine costs
+    them some quality, not the whole schedule: at p = 32, m = 256 on the V placement at
+    5 s, v-auto's 2.7-4 s before them left torch's ZB-V unbuilt and `auto` 0.01% longer),
+    then the first list-scheduler policy (as quick as a simulation, and the best known
     schedule wherever memory is to spare: 0.00% on the V placement at limit 2p where
     v-auto has 1.5-4%), then the other generators and policies while their share of the
     time lasts. When no known schedule fits, the first policy runs even past the time
@@ -217,19 +203,8 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     # against 9338.6 and 7937.5, and its thread, left running, slowed the rest.)
     essential_until = tracker.began + AUTOMATIC_SHARE * tracker.time_limit
     families_until = min(essential_until, time.monotonic() + GENERATOR_SHARE * tracker.left())
-    built_ins = _generators_in(TORCH_BUILT_INS)
-    automatic = _generators_in(AUTOMATIC_SCHEDULERS)
-    if problem.num_ops <= AUTOMATIC_FIRST_OPS and problem.vocab_parallel is None:
-        # Leave the built-ins their time (all or nothing, they cannot hand over half a
-        # build): twice their estimate, at most a share of the essential time.
-        count = sum(1 for g in applicable(problem) if g.name in TORCH_BUILT_INS)
-        estimate = 2 * BUILT_IN_SECONDS_PER_OP * problem.num_ops * count
-        automatic_until = essential_until - min(estimate, BUILT_INS_AFTER_SHARE * max(0.0, essential_until - time.monotonic()))
-        found = _generators(problem, tracker, automatic, families_until, automatic_until)
-        found += _generators(problem, tracker, built_ins, families_until, essential_until)
-    else:
-        found = _generators(problem, tracker, built_ins, families_until, essential_until)
-        found += _generators(problem, tracker, automatic, families_until, essential_until)
+    found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until)
+    found += _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS, families_until, essential_until)
     tried = set(ESSENTIAL)
     for name in FALLBACK_FAMILIES:
         if tracker.best is not None:
@@ -250,10 +225,6 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
         found.append(c)
         tracker.offer(c.schedule, c.name)
     return found
-
-
-def _generators_in(names: tuple[str, ...]) -> Callable[[str], bool]:
-    return lambda name: name in names
 
 
 def _fallback_may_fit(problem: Problem, name: str) -> bool:
