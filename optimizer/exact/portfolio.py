@@ -150,6 +150,11 @@ AUTOMATIC_SHARE = 0.9
 # The automatic schedulers take about this long per op, built and timed (v-auto at
 # p = 32, m = 256 on the V placement: 2.5 s and 0.2 s for 49k ops on 2 cores).
 AUTOMATIC_SECONDS_PER_OP = 6e-5
+# Up to 10,000 ops v-auto reorders every block of its family, far more per op: to its
+# best candidate 0.9 s at p = 16, m = 64 at V-Min's memory, 2.0 s at p = 16, m = 48 at
+# V-Half's, 3.4 s at p = 8, m = 64 (1.5e-4 to 1.1e-3 s per op on 2 cores; 9e-5 at p = 32,
+# m = 96, above 10,000 ops).
+V_AUTO_SMALL_SECONDS_PER_OP = 1e-3
 # And each of torch's built-ins that applies (0.55-0.75 s each at p = 32, m = 256 on
 # interleaved:2, 49k ops, in a loaded process).
 BUILT_IN_SECONDS_PER_OP = 1.5e-5
@@ -449,6 +454,10 @@ def bound_first(problem: Problem, options: SolveOptions) -> bool:
     bound = bound_seconds(problem)
     names = {g.name for g in applicable(problem)}
     automatic = AUTOMATIC_SECONDS_PER_OP * problem.num_ops * len(names & set(AUTOMATIC_SCHEDULERS))
+    if "v-auto" in names and not leaves_blocks_out(problem):
+        # At p = 16, m = 64 at V-Half's memory at 5 s a 2.0-2.6 s bound left v-auto 1.9 s,
+        # and `auto` returned its first candidate, 2% longer than its best.
+        automatic += (V_AUTO_SMALL_SECONDS_PER_OP - AUTOMATIC_SECONDS_PER_OP) * problem.num_ops
     # At p = 32, m = 256 on interleaved:2 at 5 s, a 1.6-2.9 s bound and torch's three
     # built-ins (1.6-2.2 s) ended past their 4.5 s: `auto` returned 2.7% longer than
     # torch's interleaved zero bubble.
@@ -465,6 +474,12 @@ def problem_bound(problem: Problem, options: SolveOptions, tracker: Tracker, *, 
         # The search after it keeps the other half of what is left.
         until = time.monotonic() + CUT_BOUND_SHARE * tracker.left()
         found = lower_bound(problem, options.objective, deadline=until) if cut_by_deadline(problem) else busy_bound(problem)
+    elif not within_time:
+        # Before the starting points its estimate decided; the parts that come in time are
+        # kept within its share of the limit all the same (at p = 16, m = 64 on the V
+        # placement the estimate said 0.8 s, a slower machine took 2.6 s of a 5 s limit,
+        # and v-auto, left 1.9 s, handed over its first candidate: 2299.2 ms against 2254.8).
+        found = lower_bound(problem, options.objective, deadline=tracker.began + BOUND_FIRST_SHARE * tracker.time_limit)
     else:
         found = lower_bound(problem, options.objective)
     tracker.raise_bound(found.value, found.reason)
