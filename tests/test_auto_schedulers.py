@@ -237,6 +237,14 @@ def test_v_auto_past_its_deadline_returns_its_first_fitting_candidate():
     assert objective_value(hurried, "span") > full * (1 + 0.01)
 
 
+def test_more_blocks_offer_nothing_without_a_memory_limit():
+    # Above 10,000 ops without a limit the chunk caps are infinite: the phase offers
+    # nothing (math.floor of infinity was an OverflowError in `solve`, p = 32, m = 260).
+    problem = uniform_problem(32, 64, 1.0, 1.0, 0.5, placement="vshape", mem_forward=0.5)
+    assert v_auto_module.leaves_blocks_out(problem)
+    assert list(v_auto_module.more_reordered_blocks(problem, time.monotonic() + 10.0)) == []
+
+
 @pytest.mark.slow
 def test_build_within_is_the_deadline_build_for_v_auto_and_the_plain_build_otherwise():
     problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", memory_limit=3.0, mem_forward=0.5)

@@ -198,7 +198,8 @@ def _chunk_caps(problem: Problem) -> list[float]:
     caps = []
     for r, limit in enumerate(tables.limit):
         forward = max(tables.mem_forward[r], tables.mem_forward[2 * p - 1 - r])
-        caps.append(math.floor(limit / forward + _REL_TOLERANCE) if forward > 0 else limit)
+        # No limit (infinity) stays infinite: math.floor of it raised OverflowError.
+        caps.append(math.floor(limit / forward + _REL_TOLERANCE) if forward > 0 and math.isfinite(limit) else limit)
     return caps
 
 
