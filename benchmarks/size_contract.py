@@ -125,6 +125,11 @@ def main() -> None:
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     write_json_atomic(ROOT / "benchmarks" / "results" / "size_contract.json", {"setup": setup, "max_ops": MAX_OPS, "rows": rows})
+    failed = [row for row in rows if row["exit"] != 0]
+    if failed:  # every command must finish at the limit: a failure is the contract broken
+        for row in failed:
+            print(f"FAILED: {row['shape']} {row['command']}: exit {row['exit']}: {row['stderr']}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
