@@ -474,14 +474,13 @@ def problem_bound(problem: Problem, options: SolveOptions, tracker: Tracker, *, 
         # The search after it keeps the other half of what is left.
         until = time.monotonic() + CUT_BOUND_SHARE * tracker.left()
         found = lower_bound(problem, options.objective, deadline=until) if cut_by_deadline(problem) else busy_bound(problem)
-    elif not within_time:
+    else:
         # Before the starting points its estimate decided; the parts that come in time are
         # kept within its share of the limit all the same (at p = 16, m = 64 on the V
         # placement the estimate said 0.8 s, a slower machine took 2.6 s of a 5 s limit,
         # and v-auto, left 1.9 s, handed over its first candidate: 2299.2 ms against 2254.8).
-        found = lower_bound(problem, options.objective, deadline=tracker.began + BOUND_FIRST_SHARE * tracker.time_limit)
-    else:
-        found = lower_bound(problem, options.objective)
+        deadline = None if within_time else tracker.began + BOUND_FIRST_SHARE * tracker.time_limit
+        found = lower_bound(problem, options.objective, deadline=deadline)
     tracker.raise_bound(found.value, found.reason)
 
 
