@@ -25,6 +25,7 @@ from optimizer.schedules import v_auto as v_auto_module
 from optimizer.schedules.building_block import building_block_orders
 from optimizer.schedules.v_auto import v_auto, wave
 from optimizer.schedules.v_half import v_half_offsets
+from optimizer.schedules.zb_auto import zb_auto
 from optimizer.simulate import simulate
 from optimizer.validate import validate
 
@@ -58,6 +59,28 @@ def test_zb_auto_at_1f1b_memory_finds_zb_h1_as_the_paper_reports():
     setting = SETTINGS[0]
     problem = published_problem(setting, float(setting.p))
     assert checked(problem, "zb-auto").makespan == pytest.approx(checked(problem, "zb-h1").makespan, rel=SAME)
+
+
+def _zb_shaped(p: int, m: int, limit: float) -> Problem:
+    return uniform_problem(p, m, 1.0, 1.0, 0.6, comm_time=0.03, mem_backward_input=-0.63, memory_limit=limit)
+
+
+@pytest.mark.parametrize(("p", "limit"), [(8, 2), (8, 4), (8, 7), (16, 4), (16, 8), (16, 15)])
+def test_zb_auto_below_1f1b_memory_keeps_microbatches_in_flight_on_every_stage(p, limit):
+    """With fewer than p activations a microbatch's round trip from stage 0 (one stage's
+    F + B + W per hop plus both transfers) is shared by at most `limit` microbatches, and
+    two neighbours with equal depths pass one microbatch per local cycle (F and B on
+    both, the upstream's W, two transfers): a paced schedule's period is the longer of
+    the two, and its span at most m periods plus one round trip. 1F1B's taper of one per
+    stage from a shallow stage 0 leaves the deep stages waiting a round trip for each
+    microbatch (p = 16 at 4 activations: 1717 against this bound's 723)."""
+    m = 4 * p
+    problem = _zb_shaped(p, m, float(limit))
+    trip = p * 2.6 + 2 * (p - 1) * 0.03
+    cycle = 2 * 1.0 + 2 * 1.0 + 0.6 + 2 * 0.03
+    span = objective_value(checked(problem, "zb-auto"), "span")
+    assert span <= m * max(cycle, trip / limit) + trip
+    assert span <= objective_value(simulate(problem, zb_auto(problem, pacing=False)), "span") * (1 + SAME)
 
 
 # -- Any problem: valid, within the limit -----------------------------------------------
