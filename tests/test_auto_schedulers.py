@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 from factories import published_v_auto
@@ -19,9 +20,10 @@ from optimizer.exact import SolveOptions, incumbents, portfolio
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.portfolio import bound_first, starting_points
 from optimizer.exact.tracker import Tracker
-from optimizer.problem import Problem, placement_devices, uniform_problem
+from optimizer.problem import Problem, load_problem, placement_devices, uniform_problem
 from optimizer.schedules import GENERATORS, applicable, generate
 from optimizer.schedules import v_auto as v_auto_module
+from optimizer.schedules import zb_auto as zb_auto_module
 from optimizer.schedules.building_block import building_block_orders
 from optimizer.schedules.v_auto import v_auto, wave
 from optimizer.schedules.v_half import v_half_offsets
@@ -34,6 +36,7 @@ from optimizer.validate import validate
 PRINTED = 0.5e-4 + 1e-12
 # Spans are sums of a few hundred floats; two orders that tie differ by rounding only.
 SAME = 1e-9
+DATA = Path(__file__).parent / "data" / "zb-auto"
 
 
 def checked(problem: Problem, name: str):
@@ -81,6 +84,22 @@ def test_zb_auto_below_1f1b_memory_keeps_microbatches_in_flight_on_every_stage(p
     span = objective_value(checked(problem, "zb-auto"), "span")
     assert span <= m * max(cycle, trip / limit) + trip
     assert span <= objective_value(simulate(problem, zb_auto(problem, pacing=False)), "span") * (1 + SAME)
+
+
+def test_zb_auto_prefers_an_order_within_the_limit_where_a_b_allocates():
+    # Found by a random sweep (p = 13, m = 11, uneven stages, every B allocating): paced
+    # depths fill the downstream stages to the limit and microbatch 0's B then overflows
+    # on every paced setting, while the tapered ones fit. The shorter span over the limit
+    # used to win.
+    problem = load_problem(DATA / "allocating-b-below-p.json")
+    assert any(problem.tables().mem_backward_input[s] > 0 for s in range(problem.num_stages))
+    runs = []
+    for knobs in zb_auto_module.GRID:
+        build = zb_auto_module._Build(problem, knobs)
+        build.run()
+        runs.append((build.longest_span(), build.over))
+    assert min(runs)[1] and not all(over for _, over in runs)  # the shortest is over the limit, not all are
+    checked(problem, "zb-auto")  # valid and within the limit
 
 
 # -- Any problem: valid, within the limit -----------------------------------------------

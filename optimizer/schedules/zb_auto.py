@@ -31,14 +31,16 @@ it is placed (ASAP, exactly as the simulator times the final order):
   trip: at p = 32, m = 96 and 8 activations 4953 time units against 897 paced.
 
 The grid of the 16 knob settings is run and the order with the shortest longest-device
-span (the paper's objective) is kept. At the paper's ZB-2p limit (2p microbatch
+span (the paper's objective) within the memory limit is kept. At the paper's ZB-2p limit (2p microbatch
 activations) this reproduces its published bubble rates; at p activations it finds
 ZB-H1's rhythm, as the paper reports.
 
 Memory: a forward that cannot fit even after every pending W is skipped while the stage
 is ahead (it is only needed for this round's backward); the limit therefore holds
 whenever one microbatch's activations fit, except for problems whose B allocates more
-than the pending W's can free (then the order is returned and marked over the limit).
+than the pending W's can free. There a knob setting may go over the limit where another
+fits: the shortest order within the limit is kept, and only when none fits the shortest
+one, marked over the limit.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class _Build:
         self.free_at = [0.0] * p  # when each stage's device is next free
         self.first_start = [0.0] * p
         self.used = [0.0] * p
+        self.over = False  # memory went over the limit (only where a B allocates)
         self.idle = [0.0] * p  # idle time after the first op
         self.worst_idle = 0.0  # max(self.idle): idle times only grow
         self.end: dict[tuple[str, int, int], float] = {}
@@ -118,6 +121,7 @@ class _Build:
         self.free_at[stage] = start + cost
         self.end[kind, stage, mb] = start + cost
         self.used[stage] += self.mem[kind][stage]
+        self.over = self.over or self.used[stage] > self.limit[stage]
         self.done[kind][stage] += 1
         self.orders[stage].append(Op(kind, stage, mb))
 
@@ -285,9 +289,10 @@ class _Build:
 
 
 def zb_auto(problem: Problem, *, pacing: bool = True) -> Orders:
-    """The shortest-span order over the knobs' grid; `pacing=False` keeps 1F1B's taper
-    below its memory too (the heuristic as the paper states it, for comparison)."""
-    best: tuple[float, Orders] | None = None
+    """The shortest-span order over the knobs' grid, preferring one within the memory limit;
+    `pacing=False` keeps 1F1B's taper below its memory too (the heuristic as the paper
+    states it, for comparison)."""
+    best: tuple[bool, float, Orders] | None = None  # (over the limit, span, orders)
     runs: list[tuple[Knobs, set[str]]] = []
     for knobs in GRID if pacing else [k for k in GRID if not k.pace_to_memory]:
         # A run is determined by the knobs it consulted: a setting that agrees with an
@@ -295,18 +300,20 @@ def zb_auto(problem: Problem, *, pacing: bool = True) -> Orders:
         if any(all(getattr(knobs, k) == getattr(done, k) for k in consulted) for done, consulted in runs):
             continue
         # An abandoned run's twins would follow it to the same point and be abandoned too.
-        build = _Build(problem, knobs, cutoff=math.inf if best is None else best[0] * (1 - 1e-12))
+        # Only a best within the limit cuts runs short: one over it loses to any that fits.
+        cutoff = best[1] * (1 - 1e-12) if best is not None and not best[0] else math.inf
+        build = _Build(problem, knobs, cutoff=cutoff)
         try:
             orders = build.run()
         except _Abandoned:
             runs.append((knobs, build.consulted))
             continue
         runs.append((knobs, build.consulted))
-        span = build.longest_span()
-        if best is None or span < best[0]:
-            best = (span, orders)
+        found = (build.over, build.longest_span(), orders)
+        if best is None or found[:2] < best[:2]:
+            best = found
     assert best is not None
-    return best[1]
+    return best[2]
 
 
 GENERATOR = Generator(
