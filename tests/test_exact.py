@@ -13,11 +13,12 @@ import time
 import pytest
 from exact_brute_force import brute_force_optimum
 from factories import random_problem
+from ortools.sat.python import cp_model
 
 from optimizer.errors import InfeasibleError, InputError
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.canonical import canonical
-from optimizer.exact.cpsat import solve_cpsat_subproblem
+from optimizer.exact.cpsat import RESERVOIR_SECONDS_PER_PAIR, RESERVOIR_SHARE, expansion_fits, run_cpsat, solve_cpsat_subproblem
 from optimizer.exact.incumbents import generator_candidates, objective_value
 from optimizer.exact.milp import solve_milp_subproblem
 from optimizer.exact.options import Progress
@@ -348,6 +349,27 @@ def test_span_objective_is_solved():
 
 
 @pytest.mark.slow
+def test_cpsat_expands_memory_constraints_only_where_the_expansion_fits_its_limit():
+    # CP-SAT's presolve expands a reservoir of n events into Booleans on their pairs
+    # without watching its time limit (4 s under a 0.1 s limit at 3,120 ops on 8 devices).
+    model = cp_model.CpModel()
+    times = [model.new_int_var(0, 1000, f"t{i}") for i in range(600)]
+    model.add_reservoir_constraint(times, [1, -1] * 300, 0, 10)
+    model.add(times[0] <= times[1])
+    pairs = 600**2
+    seconds = RESERVOIR_SECONDS_PER_PAIR * pairs / RESERVOIR_SHARE
+    assert not expansion_fits(model, 0.9 * seconds)
+    assert expansion_fits(model, 1.1 * seconds)
+    assert model.proto.constraints[1].has_linear()  # counting events leaves other constraints as they are
+    solver, _ = run_cpsat(model, time_limit=0.05, seed=0, threads=1)
+    assert not solver.parameters.expand_reservoir_constraints
+    small = cp_model.CpModel()
+    few = [small.new_int_var(0, 10, f"t{i}") for i in range(4)]
+    small.add_reservoir_constraint(few, [1, -1, 1, -1], 0, 1)
+    solver, _ = run_cpsat(small, time_limit=1.0, seed=0, threads=1)
+    assert solver.parameters.expand_reservoir_constraints
+
+
 @pytest.mark.parametrize("method", ["cpsat", "milp"])
 def test_whole_model_methods_refuse_sizes_past_their_limit(method):
     # One op past the limit is refused before anything runs; at the limit it is accepted.
