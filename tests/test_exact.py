@@ -3,6 +3,7 @@ auto never worse than the known schedules, infeasibility and time limits reporte
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -11,11 +12,11 @@ import sys
 import time
 
 import pytest
-from exact_brute_force import brute_force_optimum
-from factories import random_problem
+from exact_brute_force import brute_force_optimum, count_orders, deadlocks, device_orders, op_waits
+from factories import random_problem, with_vocab
 from ortools.sat.python import cp_model
 
-from optimizer.errors import InfeasibleError, InputError
+from optimizer.errors import DeadlockError, InfeasibleError, InputError
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import RESERVOIR_SECONDS_PER_PAIR, RESERVOIR_SHARE, expansion_fits, run_cpsat, solve_cpsat_subproblem
@@ -27,7 +28,7 @@ from optimizer.exact.timescale import integer_tables
 from optimizer.ops import Op, op_memory
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedules import GENERATORS, generate
-from optimizer.simulate import simulate
+from optimizer.simulate import simulate, simulate_times
 from optimizer.validate import validate
 
 pytestmark = pytest.mark.solver
@@ -349,6 +350,38 @@ def test_span_objective_is_solved():
 
 
 @pytest.mark.slow
+def _deadlock_cases() -> list[Problem]:
+    rng = random.Random(11)
+    return [
+        random_problem(rng, 2, 2, "linear", limit=2.0),
+        random_problem(rng, 2, 2, "vshape", limit=1.5),
+        random_problem(rng, 2, 2, "linear", fused_saving=0.3),
+        random_problem(rng, 2, 2, "linear", slices=2, limit=1.0),
+        with_vocab(uniform_problem(2, 2, 1.0, 1.0, 1.0, comm_time=0.1, memory_limit=1.5), 2, 0.3, 0.4, 0.5, 0.05),
+        with_vocab(uniform_problem(2, 2, 1.0, 1.0, 1.0, memory_limit=1.5), 1),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_brute_force_skips_exactly_the_orders_the_simulator_finds_deadlocked(index):
+    # The brute force's optimum is the reference of every bound test: an order skipped as
+    # deadlocked that the simulator would run could hide a shorter schedule.
+    problem = _deadlock_cases()[index]
+    assert count_orders(problem) <= 70_000  # every combined order is checked
+    per_device = [device_orders(problem, d) for d in range(problem.num_devices)]
+    waits = op_waits(problem, per_device)
+    stuck = 0
+    for orders in itertools.product(*per_device):
+        try:
+            simulate_times(problem, orders)
+            simulated = False
+        except DeadlockError:
+            simulated = True
+        assert deadlocks(orders, waits) == simulated, orders
+        stuck += simulated
+    assert stuck > 0  # both answers are checked
+
+
 def test_cpsat_expands_memory_constraints_only_where_the_expansion_fits_its_limit():
     # CP-SAT's presolve expands a reservoir of n events into Booleans on their pairs
     # without watching its time limit (4 s under a 0.1 s limit at 3,120 ops on 8 devices).
