@@ -8,8 +8,9 @@ re-simulate them in the user's units.
 Determinism: with a fixed seed and a fixed number of workers, a run that ends by
 optimality or by `deterministic_limit` repeats exactly. A run cut by the wall-clock
 limit (or with several workers racing) may stop at a different incumbent. Whether the
-memory constraints are expanded depends on the time limit (`expansion_fits`): the same
-input, seed and limit make the same model.
+memory constraints are expanded depends on the time limit given (`expansion_fits`), which
+inside `solve` is the time left when the model starts: near the estimate's line two runs
+may solve differently expanded models.
 """
 
 from __future__ import annotations
