@@ -74,6 +74,9 @@ def solve_layers(
     else:
         result = choose_split(profile, placement, microbatches, memory_limit, options, solve_split, on_trial=report)
     assert result.chosen.schedule is not None
+    if result.interrupted:
+        # As for a problem file: the report that follows is of a cut search.
+        print("interrupted: writing the best split and schedule found so far", file=sys.stderr)
     if as_json:
         print(json.dumps(_as_json(result, options.objective)))
     else:

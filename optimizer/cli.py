@@ -119,6 +119,17 @@ def _shown(number: float) -> str:
     return str(number) if isinstance(number, int) else f"{number:.12g}"
 
 
+def empty_argument(args: Sequence[str]) -> str | None:
+    """What an empty argument was given for, or None when there is none. No option or file
+    of pipesched takes an empty value, and a path would read as "." (a folder) later."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--") and arg.find("=") == len(arg) - 1 and len(arg) > 3:
+            return f"{arg[:-1]}: the value is empty"
+        if arg == "":
+            return f"an argument is empty (after {args[i - 1]})" if i > 0 else "an argument is empty"
+    return None
+
+
 def run_app(command: typer.Typer, args: list[str] | None = None, terminations: bool = True) -> int:
     """Run the app; option errors and Ctrl-C become one line on stderr too (exit 2 and 130).
     With `terminations`, SIGTERM and SIGHUP end it as Ctrl-C does, "interrupted" included
@@ -133,6 +144,10 @@ def _run_app(command: typer.Typer, args: list[str] | None) -> int:
     if sys.stdout is None:  # started with standard output closed (`>&-`): Python drops prints
         print("error: standard output: closed", file=sys.stderr)
         return 1
+    empty = empty_argument(sys.argv[1:] if args is None else args)
+    if empty is not None:
+        print(f"error: {empty}", file=sys.stderr)
+        return InputError.exit_code
     try:
         result = command(args=args, standalone_mode=False, prog_name="pipesched")
     except typer.TyperException as error:  # click's usage errors: a bad option or value
@@ -419,7 +434,7 @@ def solve(
             str(problem_file),
             devices,
             microbatches,
-            placement or "linear",
+            "linear" if placement is None else placement,
             memory_limit,
             method,
             options,

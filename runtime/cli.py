@@ -222,7 +222,7 @@ def profile(
     devices: int = typer.Option(..., "--devices", "-p", min=1, help="Pipeline devices (ranks)."),
     microbatches: int = typer.Option(..., "--microbatches", "-m", min=1, help="Microbatches per step."),
     placement: str = typer.Option("linear", help="linear | interleaved:V | vshape."),
-    steps: int = typer.Option(5, "--steps", min=1, help="Measured steps (after one warm-up step)."),
+    steps: int = typer.Option(5, "--steps", min=1, max=1_000_000, help="Measured steps (after one warm-up step)."),
     output: Path = typer.Option(..., "--output", "-o", help="Problem JSON to write."),
     backend: str = typer.Option("gloo", "--backend", help=_BACKEND_HELP),
     timeout: float = typer.Option(60.0, "--timeout", help=_TIMEOUT_HELP),
@@ -268,7 +268,7 @@ def profile(
         model, layer_list = model_layers(model)
         placement = f"interleaved:{len(layer_list)}"
     num_stages = len(placement_devices(placement, devices))
-    check_outputs([output])
+    check_outputs([output], _model_files(model))
     refuse_other_format(output, "a layers file" if per_layer else "a problem")
     if _world_size(devices) != devices:
         raise InputError(f"devices: {devices}, but torchrun started {os.environ['WORLD_SIZE']} ranks")
@@ -335,6 +335,16 @@ if _python_handler is signal.default_int_handler:
     if _interrupts_while_loading:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130)
+
+
+def _model_files(model: str) -> list[str]:
+    """The files a model spec reads (the synthetic model's `problem=PATH`), which an output
+    may not replace; read from the spec's text, before torch loads (the model's options
+    are checked with it)."""
+    name, _, options = model.partition(":")
+    if name != "synthetic":
+        return []
+    return [value for key, _, value in (item.partition("=") for item in options.split(",")) if key.strip() == "problem" and value]
 
 
 def main() -> int:

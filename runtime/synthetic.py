@@ -193,6 +193,8 @@ def parse_options(options: str) -> tuple[SyntheticConfig, str | None]:
             raise InputError(f"model: synthetic option {key} is given twice")
         seen.add(key)
         if key == "problem":
+            if not value:
+                raise InputError("model: synthetic option problem= needs a problem file's name")
             problem_path = value
             continue
         if key not in kinds:

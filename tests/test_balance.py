@@ -230,6 +230,30 @@ def test_a_split_is_solved_past_the_limit_when_time_ran_out_before_any_had_a_sch
     assert validate(chosen.problem, chosen.schedule.devices) == []
 
 
+def test_a_layers_solve_cut_by_ctrl_c_says_so_and_writes_the_best_split(tmp_path, monkeypatch):
+    # Ctrl-C during the second split's solve: the first split's schedule is written and
+    # exit 130, with "interrupted" on stderr, as for a problem file (the report alone
+    # looked like a finished solve).
+    import optimizer.exact
+
+    calls = []
+
+    def cut_second(problem, method, options):
+        calls.append(problem)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return solve(problem, method, options)
+
+    monkeypatch.setattr(optimizer.exact, "solve", cut_second)
+    layers_file, schedule_file = tmp_path / "l.json", tmp_path / "s.json"
+    layers_file.write_text(json.dumps(random_layers(random.Random(5), 6)))
+    result = CliRunner().invoke(app, ["solve", str(layers_file), "-p", "3", "-m", "4", "--time-limit", "2", "-q", "-o", str(schedule_file)])
+    assert result.exit_code == 130, result.output
+    assert len(calls) == 2
+    assert "interrupted" in result.stderr
+    load_schedule(schedule_file)  # validates it
+
+
 @pytest.mark.slow
 def test_cli_layers_solve_with_a_very_short_limit_still_writes_a_schedule(tmp_path):
     runner = CliRunner()

@@ -565,6 +565,19 @@ def cases() -> list[Case]:
             ["--timeout"],
         ),
         # layers files and the split search's options
+        Case("solve-output-empty", ["solve", "{C}/p.json", "--method", "1f1b", "-o", ""], ["-o", "empty"]),
+        Case("solve-input-empty", ["solve", "", "-o", "{O}/s.json"], ["solve", "empty"]),
+        Case("solve-output-equals-empty", ["solve", "{C}/p.json", "--method", "1f1b", "--output="], ["--output", "empty"]),
+        Case(
+            "profile-synthetic-problem-empty",
+            ["profile", "--model", "synthetic:problem=", "-p", "2", "-m", "2", "-o", "{O}/x.json"],
+            ["problem=", "file"],
+        ),
+        Case(
+            "solve-layers-placement-empty",
+            ["solve", "{C}/l.json", "-p", "2", "-m", "4", "--placement", "", "-o", "{O}/s.json"],
+            ["placement"],
+        ),
         Case("solve-layers-nan", ["solve", "{C}/layers_nan.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"], ["layers_nan.json", "NaN"]),
         Case(
             "solve-layers-duplicate-name",
@@ -669,6 +682,16 @@ def cases() -> list[Case]:
             "profile-per-layer-two-ranks",
             ["profile", "--model", "example", "-p", "2", "-m", "2", "--per-layer", "-o", "{O}/l.json"],
             ["--per-layer", "-p 1"],
+        ),
+        Case(
+            "profile-output-is-its-models-problem",
+            ["profile", "--model", "synthetic:problem={C}/p.json", "-p", "2", "-m", "2", "-o", "{C}/p.json"],
+            ["p.json", "is also the input"],
+        ),
+        Case(
+            "profile-steps-huge",
+            ["profile", "--model", "synthetic:problem={C}/p.json", "-p", "2", "-m", "2", "--steps", "99999999999", "-o", "{O}/x.json"],
+            ["--steps"],
         ),
         Case("profile-many-devices", ["profile", "--model", "example", "-p", "100000", "-m", "2", "-o", "{O}/p.json"], ["num_devices"]),
         Case("profile-output-folder", ["profile", "--model", "example", "-p", "2", "-m", "2", "-o", "{C}/folder.json"], ["directory"]),
