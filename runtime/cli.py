@@ -124,6 +124,11 @@ def run(
         raise InputError(
             f"--engine torch: {schedule_file} has vocabulary passes (S, T), which torch's runtime does not run; use --engine pipesched"
         )
+    if engine == "torch" and schedule.problem.num_slices > 1:
+        raise InputError(
+            f"--engine torch: {schedule_file} has {schedule.problem.num_slices} token slices per microbatch, which torch's "
+            "runtime does not run; use --engine pipesched"
+        )
     world_size = _world_size(schedule.problem.num_devices)
     try:
         build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank

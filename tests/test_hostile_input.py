@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from factories import with_slices
 
 from optimizer.formats import schedule_json, torch_csv
 from optimizer.formats.schedule_json import load_schedule, save_schedule
@@ -90,6 +91,7 @@ def write_corpus(folder: Path) -> None:
     (folder / "p.json").write_text(json.dumps(good.model_dump(mode="json"), indent=1))
     save_schedule(generate(good, "1f1b"), folder / "s.json")
     save_schedule(generate(good, "zb-h1"), folder / "zbh1.json")  # the last op of rank 1 is a W, after its last send
+    save_schedule(generate(with_slices(uniform_problem(2, 2), 2), "terapipe"), folder / "sliced.json")
     problem = (folder / "p.json").read_text()
     schedule = (folder / "s.json").read_text()
     (folder / "l.json").write_text(json.dumps(layers_to_json(decoder_layers(DecoderSizes(blocks=4))), indent=1))
@@ -565,6 +567,9 @@ def cases() -> list[Case]:
             ["--timeout"],
         ),
         # layers files and the split search's options
+        Case(
+            "run-torch-engine-sliced", ["run", "{C}/sliced.json", "--model", "synthetic", "--engine", "torch"], ["--engine torch", "slices"]
+        ),
         Case("solve-output-empty", ["solve", "{C}/p.json", "--method", "1f1b", "-o", ""], ["-o", "empty"]),
         Case("solve-input-empty", ["solve", "", "-o", "{O}/s.json"], ["solve", "empty"]),
         Case("solve-output-equals-empty", ["solve", "{C}/p.json", "--method", "1f1b", "--output="], ["--output", "empty"]),

@@ -97,6 +97,16 @@ def test_a_solved_schedule_exports_loads_and_round_trips(placement, tmp_path):
     assert back.order() == schedule.order()
 
 
+@pytest.mark.parametrize("line_end", ["\r\n", "\r"])
+def test_import_reads_windows_and_old_mac_line_ends(line_end):
+    # A bare CR (old Mac line ends) was refused with the csv module's own words.
+    problem = uniform_problem(2, 4)
+    schedule = generate(problem, "zb-h1")
+    text = torch_csv.export_csv(schedule).replace("\n", line_end)
+    back, _ = torch_csv.import_schedule(text, problem)
+    assert back.order() == schedule.order()
+
+
 def test_kinds_map_to_torch_letters():
     assert torch_csv.action_text(Op("F", 3, 1)) == "3F1"
     assert torch_csv.action_text(Op("B", 3, 1)) == "3I1"

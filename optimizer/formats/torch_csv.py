@@ -142,7 +142,8 @@ def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> Impo
             f"{source}: {cells} cells is more than a schedule of this problem holds ({problem.num_ops} ops, at most {CELLS_PER_OP} actions each)"
         )
     try:
-        rows = list(csv.reader(io.StringIO(text)))
+        # Universal newlines: a CSV saved with old Mac line ends (a bare CR) reads as rows too.
+        rows = list(csv.reader(io.StringIO(text, newline=None)))
     except csv.Error as exc:
         raise InputError(f"{source}: not a CSV file ({exc})") from None
     while rows and not any(cell.strip() for cell in rows[-1]):
