@@ -442,6 +442,8 @@ def cases() -> list[Case]:
             ["deadlock.csv: deadlock: device 0 waits at BW(stage 0, mb 0)"],
             code=1,
         ),
+        Case("solve-into-trace-json", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "{O}/s.trace.json"], ["a .trace.json name"]),
+        Case("problem-into-modules-json", ["problem", "-p", "2", "-m", "2", "-o", "{O}/p.modules.json"], ["a .modules.json name"]),
         Case("import-into-svg", ["import", "{C}/s.csv", "--problem", "{C}/p.json", "-o", "{O}/s.svg"], ["s.svg", "a .svg name"]),
         Case("export-name-too-long", ["export", "{C}/s.json", "-o", "{O}/" + "a" * 300 + ".svg"], ["a" * 300, "File name too long"]),
         Case("import-fifo", ["import", "{C}/fifo.csv", "--problem", "{C}/p.json", "-o", "{O}/s.json"], ["fifo.csv", "FIFO"]),

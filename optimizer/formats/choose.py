@@ -54,7 +54,9 @@ def refuse_other_format(output: str | Path | None, writes: str) -> None:
     if output is None:
         return
     file_name = Path(output).name.lower()
-    suffixes = [f.suffix for f in formats().values() if not f.suffix.endswith(".json")] + list(_OTHER_SUFFIXES)
+    # Plain .json is theirs; .trace.json and .modules.json are read as a trace and a module
+    # list by `show` and the exports.
+    suffixes = [f.suffix for f in formats().values() if f.suffix != ".json"] + list(_OTHER_SUFFIXES)
     matched = [suffix for suffix in suffixes if file_name.endswith(suffix)]
     if matched:
         suffix = max(matched, key=len)
