@@ -119,14 +119,30 @@ def _shown(number: float) -> str:
     return str(number) if isinstance(number, int) else f"{number:.12g}"
 
 
-def empty_argument(args: Sequence[str]) -> str | None:
-    """What an empty argument was given for, or None when there is none. No option or file
-    of pipesched takes an empty value, and a path would read as "." (a folder) later."""
+# The options naming a file a command writes, as typed.
+OUTPUT_FLAGS = ("-o", "--output", "--plot")
+
+
+def argument_fault(args: Sequence[str]) -> str | None:
+    """What is wrong with the arguments as typed, which their parsing hides; None: nothing.
+
+    No option or file of pipesched takes an empty value, and an empty path would read as
+    "." (a folder) later; an output named with a trailing slash is a folder, which the
+    path would lose (`-o out.json/` wrote the file out.json)."""
     for i, arg in enumerate(args):
-        if arg.startswith("--") and arg.find("=") == len(arg) - 1 and len(arg) > 3:
-            return f"{arg[:-1]}: the value is empty"
+        flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", "")
+        if equals and not value and len(flag) > 2:
+            return f"{flag}: the value is empty"
         if arg == "":
             return f"an argument is empty (after {args[i - 1]})" if i > 0 else "an argument is empty"
+        if equals and flag in OUTPUT_FLAGS:
+            given = value
+        elif i > 0 and args[i - 1] in OUTPUT_FLAGS:
+            flag, given = args[i - 1], arg
+        else:
+            continue
+        if given.endswith("/") and given.strip("/"):
+            return f"{given}: {flag} names a folder (a trailing /); give a file name"
     return None
 
 
@@ -144,9 +160,9 @@ def _run_app(command: typer.Typer, args: list[str] | None) -> int:
     if sys.stdout is None:  # started with standard output closed (`>&-`): Python drops prints
         print("error: standard output: closed", file=sys.stderr)
         return 1
-    empty = empty_argument(sys.argv[1:] if args is None else args)
-    if empty is not None:
-        print(f"error: {empty}", file=sys.stderr)
+    fault = argument_fault(sys.argv[1:] if args is None else args)
+    if fault is not None:
+        print(f"error: {printable(fault)}", file=sys.stderr)
         return InputError.exit_code
     try:
         result = command(args=args, standalone_mode=False, prog_name="pipesched")

@@ -572,6 +572,8 @@ def cases() -> list[Case]:
         Case(
             "run-torch-engine-sliced", ["run", "{C}/sliced.json", "--model", "synthetic", "--engine", "torch"], ["--engine torch", "slices"]
         ),
+        Case("solve-output-trailing-slash", ["solve", "{C}/p.json", "--method", "1f1b", "-o", "{O}/s.json/"], ["s.json/", "folder"]),
+        Case("export-output-equals-trailing-slash", ["export", "{C}/s.json", "--output={O}/s.csv/"], ["s.csv/", "folder"]),
         Case("solve-output-empty", ["solve", "{C}/p.json", "--method", "1f1b", "-o", ""], ["-o", "empty"]),
         Case("solve-input-empty", ["solve", "", "-o", "{O}/s.json"], ["solve", "empty"]),
         Case("solve-output-equals-empty", ["solve", "{C}/p.json", "--method", "1f1b", "--output="], ["--output", "empty"]),
