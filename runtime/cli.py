@@ -112,6 +112,7 @@ def run(
 ) -> None:
     """Train a schedule with torch.distributed: one process per device here, or one rank under torchrun."""
     # Options, environment and the schedule are checked before torch loads.
+    from optimizer.formats import torch_csv
     from optimizer.formats.schedule_json import load_schedule
     from optimizer.validate import validate
     from runtime.plan import build_plans
@@ -120,15 +121,9 @@ def run(
     if engine not in ENGINES:
         raise InputError(f"--engine: '{printable(engine)}' is not one of {', '.join(ENGINES)}")
     schedule = load_schedule(schedule_file, check=False)
-    if engine == "torch" and schedule.problem.vocab_parallel is not None:
-        raise InputError(
-            f"--engine torch: {schedule_file} has vocabulary passes (S, T), which torch's runtime does not run; use --engine pipesched"
-        )
-    if engine == "torch" and schedule.problem.num_slices > 1:
-        raise InputError(
-            f"--engine torch: {schedule_file} has {schedule.problem.num_slices} token slices per microbatch, which torch's "
-            "runtime does not run; use --engine pipesched"
-        )
+    unrun = torch_csv.unexpressed(schedule.problem) if engine == "torch" else None
+    if unrun is not None:
+        raise InputError(f"--engine torch: {schedule_file} has {unrun}, which torch's runtime does not run; use --engine pipesched")
     world_size = _world_size(schedule.problem.num_devices)
     try:
         build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank

@@ -52,6 +52,16 @@ def action_text(op: Op) -> str:
     return f"{op.stage}{TORCH_LETTER[op.kind]}{op.microbatch}"
 
 
+def unexpressed(problem: Problem) -> str | None:
+    """What of the problem torch's actions cannot name (they name a stage and a microbatch
+    only), or None."""
+    if problem.vocab_parallel is not None:
+        return "vocabulary passes (S, T)"
+    if problem.num_slices > 1:
+        return f"{problem.num_slices} token slices per microbatch"
+    return None
+
+
 def export_rows(schedule: Schedule) -> list[list[str]]:
     """One row of torch actions per device, in the schedule's order."""
     if schedule.problem.num_slices > 1:  # torch's actions name a stage and a microbatch only
