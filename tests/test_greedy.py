@@ -213,3 +213,26 @@ def test_greedy_past_its_deadline_keeps_the_policies_it_ran():
     assert heard == [past]
     whole = GENERATOR.build_within(problem, time.monotonic() + 60)
     assert whole == greedy(problem)
+
+
+# -- Which settings lead ------------------------------------------------------------------
+
+
+def test_below_1f1b_depth_the_throttled_settings_lead_the_grid():
+    from optimizer.schedules.greedy import GRID, MULTI_STAGE_GRID, TIGHT_FIRST, below_one_f_one_b
+
+    linear = uniform_problem(8, 24, 1.0, 1.0, 0.6, mem_forward=1.0)
+    # 1F1B keeps p - s forwards in flight on stage s: 8 on the first device.
+    assert not below_one_f_one_b(with_limit(linear, 8.0))
+    assert below_one_f_one_b(with_limit(linear, 7.0))
+    # Per device: only the first device short of its depth.
+    assert below_one_f_one_b(with_limit(linear, [7.0] + [8.0] * 7))
+    assert not below_one_f_one_b(with_limit(linear, [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]))
+    # Fewer microbatches than devices: 1F1B never holds more than m.
+    assert not below_one_f_one_b(with_limit(uniform_problem(8, 3, 1.0, 1.0, 0.6, mem_forward=1.0), 3.0))
+    assert policy_grid(with_limit(linear, 8.0)) == GRID
+    tight = policy_grid(with_limit(linear, 4.0))
+    assert tight[: len(TIGHT_FIRST)] == TIGHT_FIRST and sorted(map(str, tight)) == sorted(map(str, GRID))
+    # Several stages per device keep their own order.
+    v = with_limit(uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", mem_forward=0.5), 2.0)
+    assert not below_one_f_one_b(v) and policy_grid(v)[: len(MULTI_STAGE_GRID)] == MULTI_STAGE_GRID
