@@ -65,6 +65,7 @@ def cli(*args: str) -> tuple[int, float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--time-limit", type=float, default=2.0)
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "size_contract.json")
     args = parser.parse_args()
     limit = args.time_limit
     load_before = os.getloadavg()[0]  # the machine is shared: the load says how much of it we had
@@ -124,7 +125,7 @@ def main() -> None:
         "time_limit": limit,
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    write_json_atomic(ROOT / "benchmarks" / "results" / "size_contract.json", {"setup": setup, "max_ops": MAX_OPS, "rows": rows})
+    write_json_atomic(args.output, {"setup": setup, "max_ops": MAX_OPS, "rows": rows})
     failed = [row for row in rows if row["exit"] != 0]
     if failed:  # every command must finish at the limit: a failure is the contract broken
         for row in failed:

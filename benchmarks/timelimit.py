@@ -50,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=2.0, help="Solver time limit per case (s).")
     parser.add_argument("--methods", default="auto,cpsat", help="Comma-separated methods.")
+    parser.add_argument("--output", type=Path, default=RESULTS / "timelimit.json")
     args = parser.parse_args()
     rows = []
     for name, problem in cases():
@@ -72,9 +73,9 @@ def main() -> None:
     Console().print(table)
     worst = max(row["overrun"] for row in rows)
     print(f"largest overrun: {worst:+.2f} s")
-    RESULTS.mkdir(exist_ok=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(
-        RESULTS / "timelimit.json",
+        args.output,
         {"machine": platform.platform(), "time_limit": args.time_limit, "rows": rows, "largest_overrun": worst},
     )
 

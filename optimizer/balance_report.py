@@ -147,7 +147,11 @@ def _print_table(result: BalanceResult, objective: str) -> None:
         )
     stdout_console().print(table)
     schedule = cast("Schedule", result.chosen.schedule)
-    print(f"chosen split {_text(result.chosen.split)}: {metrics_line(schedule)}")
+    # The schedule's own peak counts activations; the table's column adds the parameters.
+    line = metrics_line(schedule, peak_label="peak activation memory")
+    peak = _peak(result.chosen)
+    with_parameters = "" if peak is None else f" (peak memory with parameters {peak:.4g})"
+    print(f"chosen split {_text(result.chosen.split)}: {line}{with_parameters}")
     if result.vocab is not None:
         passes = result.vocab.passes
         print(

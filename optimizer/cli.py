@@ -197,13 +197,13 @@ def format_memory(peaks: list[float]) -> str:
     return f"{max(peaks):.4g}" if peaks else "-"
 
 
-def metrics_line(schedule: Schedule) -> str:
+def metrics_line(schedule: Schedule, peak_label: str = "peak memory") -> str:
     m = schedule.metrics
     parts = [
         f"method {printable(schedule.method)}",
         f"makespan {m.makespan:.6g}",
         f"bubble {m.bubble_ratio:.2%}",
-        f"peak memory {format_memory(m.peak_memory)}",
+        f"{peak_label} {format_memory(m.peak_memory)}",
     ]
     if m.lower_bound is not None:
         parts.append(f"lower bound {m.lower_bound:.6g}")

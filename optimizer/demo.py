@@ -34,7 +34,7 @@ def example_problem() -> Problem:
 def main(output_dir: Path = Path("."), time_limit: float = 10.0) -> None:
     problem = example_problem()
     solved = solve(problem, "auto", SolveOptions(time_limit=time_limit))
-    title = f"example: 4 devices, 8 microbatches, uneven stages, memory limit 3; auto ran {time_limit:g} s"
+    title = f"example: 4 devices, 8 microbatches, uneven stages, memory limit 3; auto with a {time_limit:g} s limit"
     print_comparison(comparison_rows(problem, extra={"auto": solved}), title)
     schedule_path, picture_path = output_dir / "schedule.json", output_dir / "schedule.svg"
     save_schedule(solved, schedule_path)

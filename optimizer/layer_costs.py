@@ -46,6 +46,10 @@ class DecoderSizes:
     bytes_per_parameter: float = 18.0
     comm_ms: float = 0.0  # one activation transfer between devices
 
+    def __post_init__(self) -> None:
+        if self.heads >= 1 and self.hidden % self.heads:
+            raise InputError(f"--heads: {self.heads} does not divide --hidden {self.hidden} (each head gets hidden / heads units)")
+
 
 def _ms(flops: float, sizes: DecoderSizes) -> float:
     return flops / (sizes.tflops * 1e12) * 1e3

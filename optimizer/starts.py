@@ -40,10 +40,12 @@ def start_name(path: Path) -> str:
     return f"start({name})"
 
 
-def load_start(path: Path, problem: Problem, option: str = "--start") -> Start:
+def load_start(path: str | Path, problem: Problem, option: str = "--start") -> Start:
     """The schedule in `path` (torch CSV when it ends in .csv, else schedule JSON), its order
     timed on `problem`; InputError naming `option` and the file when it is not an order of
-    the problem's ops that can run (memory is not checked here: `Schedule.fits_memory`)."""
+    the problem's ops that can run (memory is not checked here: `Schedule.fits_memory`).
+    `solve(..., starts=[(start.name, start.schedule)])` takes it."""
+    path = Path(path)
     # Imported here: the CSV reader pulls in torch's action names, the JSON reader pydantic models.
     from optimizer.formats import schedule_json, torch_csv
 

@@ -35,9 +35,10 @@ from runtime.forkserver import stop_rank_server  # noqa: E402
 _BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."
 _TIMEOUT_HELP = "Seconds a rank may wait for one transfer before every rank fails, naming the op."
 _MODEL_HELP = (
-    "example[:layers=8,hidden=128,heads=4,vocab=256,seq_len=32,batch_size=2,split=1/3/3/1], "
+    "example[:layers=4,hidden=64,heads=4,vocab=256,seq_len=32,batch_size=2,seed=0,split=B/B/...] "
+    "(defaults shown; split: blocks per stage, even by default), "
     "synthetic[:width=16,batch_size=2,mib_per_unit=1,seed=0,problem=PATH] (sleeps the problem's op times) "
-    "or package.module:build_stages."
+    "or package.module:build_stages (found on sys.path or in the current folder)."
 )
 _DEBUG_HELP = "Print the traceback of a model's or a rank's exception."
 # Seconds a transfer may wait: below a second the ranks cannot even meet; above about

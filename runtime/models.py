@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn as nn
@@ -307,10 +310,7 @@ def model_layers(name: str) -> tuple[str, list[tuple[str, str]]]:
     module_name, _, function_name = name.partition(":")
     if not module_name or not function_name or name.startswith("synthetic"):
         raise InputError(f"model: a per-layer profile needs the example model or a user model 'package.module:function', not '{name}'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise InputError(f"model: cannot import '{module_name}' ({_describe(exc)})") from exc
+    module = import_user_module(module_name)
     listing = getattr(module, "pipeline_layers", None)
     if not callable(listing):
         raise InputError(f"model: a per-layer profile needs '{module_name}.pipeline_layers()' listing (name, kind) of each layer")
@@ -324,6 +324,28 @@ def model_layers(name: str) -> tuple[str, list[tuple[str, str]]]:
 def example_config(name: str) -> GPTConfig:
     """The GPT configuration an `example[:options]` model name asks for."""
     return _parse_example(name.partition(":")[2])[0]
+
+
+def import_user_module(module_name: str) -> ModuleType:
+    """The user's model module, found on sys.path or else in the current folder (as
+    `python -m` finds a module there; the console command does not put the folder on the
+    path). The folder is searched last, so a file there never shadows an installed module.
+
+    The user's code may fail in any way; the error names the model and keeps the
+    exception as its cause, for `--debug` to show the traceback."""
+    folder = os.getcwd()
+    added = folder not in sys.path
+    if added:
+        sys.path.append(folder)
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError(f"model: cannot import '{module_name}' ({exc}; looked on sys.path and in {folder})") from exc
+    except Exception as exc:  # a syntax error, or an exception while the module runs
+        raise InputError(f"model: cannot import '{module_name}' ({_describe(exc)})") from exc
+    finally:
+        if added:
+            sys.path.remove(folder)
 
 
 def _describe(exc: BaseException) -> str:
@@ -365,14 +387,7 @@ def load_model(name: str, num_stages: int, problem: Problem | None = None) -> Pi
     module_name, _, function_name = name.partition(":")
     if not module_name or not function_name:
         raise InputError(f"model: '{name}' is neither 'example[:options]' nor 'package.module:function'")
-    # The user's code may fail in any way; the error names the model and keeps the
-    # exception as its cause, for `--debug` to show the traceback.
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InputError(f"model: cannot import '{module_name}' ({exc})") from exc
-    except Exception as exc:  # a syntax error, or an exception while the module runs
-        raise InputError(f"model: cannot import '{module_name}' ({_describe(exc)})") from exc
+    module = import_user_module(module_name)
     build = getattr(module, function_name, None)
     if not callable(build):
         raise InputError(f"model: '{module_name}' has no function '{function_name}'")

@@ -262,6 +262,9 @@ def test_cli_layers_solve_with_a_very_short_limit_still_writes_a_schedule(tmp_pa
     result = runner.invoke(app, ["solve", str(layers_file), "-p", "32", "-m", "8", "--time-limit", "0.01", "-q", "-o", str(schedule_file)])
     assert result.exit_code == 0, result.output
     assert "chosen split" in result.stdout
+    # Both peaks, each named: the schedule's (activations) and the table's (with parameters).
+    chosen = next(line for line in result.stdout.splitlines() if line.startswith("chosen split"))
+    assert "peak activation memory" in chosen and "peak memory with parameters" in chosen
     load_schedule(schedule_file)  # validates it
 
 

@@ -682,6 +682,7 @@ def cases() -> list[Case]:
         Case("layers-tflops-nan", ["layers", "--tflops", "nan", "-o", "{O}/l.json"], ["--tflops"]),
         Case("layers-tflops-tiny", ["layers", "--tflops", "1e-300", "-o", "{O}/l.json"], ["--tflops", "layers.1.forward"]),
         Case("layers-blocks-zero", ["layers", "--blocks", "0", "-o", "{O}/l.json"], ["--blocks"]),
+        Case("layers-heads-not-dividing", ["layers", "--heads", "7", "--hidden", "64", "-o", "{O}/l.json"], ["--heads", "--hidden 64"]),
         Case(
             "export-layout-without-split",
             ["export", "{C}/s.json", "--format", "megatron-layout", "-o", "{O}/x.txt"],

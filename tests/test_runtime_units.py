@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import cast
 
 import pytest
@@ -119,6 +120,26 @@ def test_example_model_options_and_errors():
         load_model("example:seed=-1", 2)
     with pytest.raises(InputError, match="cannot import"):
         load_model("no_such_package.models:build", 2)
+
+
+def test_a_user_model_in_the_current_folder_is_found_without_changing_the_path(tmp_path, monkeypatch):
+    # The console command does not put the current folder on sys.path (`python -m` does):
+    # `--model mymodel:build_stages` next to the user's file must still import.
+    (tmp_path / "folder_model_for_test.py").write_text(
+        "from runtime.models import GPTConfig, build_example\n"
+        "def build_stages(num_stages):\n"
+        "    model = build_example(GPTConfig(layers=2, hidden=16, heads=2, vocab=32, seq_len=8), num_stages)\n"
+        "    return model.stages, model.loss_fn, model.make_batch\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [entry for entry in sys.path if entry not in ("", ".", str(tmp_path))])
+    before = list(sys.path)
+    model = load_model("folder_model_for_test:build_stages", 2)
+    assert len(model.stages) == 2 and sys.path == before
+    with pytest.raises(InputError, match=f"looked on sys.path and in {tmp_path}"):
+        load_model("no_such_model_in_folder:build_stages", 2)
+    assert sys.path == before
+    sys.modules.pop("folder_model_for_test", None)
 
 
 def test_example_model_is_deterministic_per_stage():

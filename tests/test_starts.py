@@ -78,6 +78,16 @@ def test_a_start_is_its_order_timed_on_the_problem(tmp_path):
     assert start.schedule.makespan == pytest.approx(generate(now, "zb-h1").makespan)
 
 
+def test_a_start_loaded_from_a_path_given_as_text_goes_into_solve(tmp_path):
+    # As the README writes it: a str path, then (start.name, start.schedule) into `solve`.
+    problem = uniform_problem(3, 6, 1.0, 1.0, 0.6, memory_limit=3.0)
+    save_schedule(generate(problem, "zb-h1"), tmp_path / "theirs.json")
+    start = load_start(str(tmp_path / "theirs.json"), problem)
+    options = SolveOptions(time_limit=1, threads=1)
+    result = solve(problem, "auto", options, starts=[(start.name, start.schedule)])
+    assert result.makespan <= start.schedule.makespan * (1 + 1e-9)
+
+
 def _files(tmp_path, problem):
     problem_path = tmp_path / "problem.json"
     problem_path.write_text(json.dumps(problem.model_dump(mode="json")))
