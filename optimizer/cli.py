@@ -298,7 +298,7 @@ def problem(
             # The overhead is added to every slice's time: name the option, not the field.
             raise InputError(f"--slice-overhead: {slice_overhead:g} takes a slice's time past the problem's bounds ({error})") from None
     write_json_atomic(output, built.to_json())
-    print(f"wrote {output}: {built.num_devices} devices, {built.num_stages} stages, {built.num_microbatches} microbatches")
+    print(one_line(f"wrote {output}: {built.num_devices} devices, {built.num_stages} stages, {built.num_microbatches} microbatches"))
     if slices > 1:  # the lengths are only in this line: the problem keeps shares and costs
         print(f"slices: {', '.join(map(str, model.lengths))} tokens; F/B cost shares {', '.join(f'{c:.3f}' for c in model.costs)}")
 
@@ -349,7 +349,7 @@ def layers(
             f"memory with --bytes-per-parameter and the sizes): {str(error).removeprefix('layers: ')}"
         ) from None
     write_json_atomic(output, layers_to_json(profile))
-    print(f"wrote {output}: {profile.num_layers} layers (embedding, {blocks} blocks, head)")
+    print(one_line(f"wrote {output}: {profile.num_layers} layers (embedding, {blocks} blocks, head)"))
 
 
 @app.command(epilog=families_epilog())
@@ -521,7 +521,9 @@ def _load_starts(paths: list[Path], problem: Problem) -> list[Start]:
         if given.schedule.fits_memory():
             starts.append(given)
         else:
-            print(f"note: --start {path} is over the memory limit ({_memory_overflow(given.schedule)}); not used", file=sys.stderr)
+            print(
+                one_line(f"note: --start {path} is over the memory limit ({_memory_overflow(given.schedule)}); not used"), file=sys.stderr
+            )
     return starts
 
 
@@ -698,7 +700,7 @@ def pareto(
         curve_format, plot_format = get_format("pareto-json"), get_format("pareto-svg")
         write_outputs([(output, curve_format.write(curve))] + ([(plot, plot_format.write(curve))] if plot is not None else []))
     if curve.interrupted:
-        print(f"interrupted: wrote the {len(curve.points)} limit(s) solved so far to {output}", file=sys.stderr)
+        print(one_line(f"interrupted: wrote the {len(curve.points)} limit(s) solved so far to {output}"), file=sys.stderr)
         raise typer.Exit(INTERRUPTED)
     if not quiet:
         table = Table(title=f"memory against speed ({time_limit:g} s per limit)")
@@ -712,7 +714,7 @@ def pareto(
         stdout_console().print(table)
         known = ", ".join(f"{g.name} (peak {g.peak_memory:.4g}, bubble {g.bubble:.1%})" for g in curve.generators)
         print(f"known schedules: {known}")
-    print(f"wrote {output}" + (f" and {plot}" if plot else ""))
+    print(one_line(f"wrote {output}" + (f" and {plot}" if plot else "")))
 
 
 def _memory_overflow(schedule: Schedule) -> str:
@@ -833,9 +835,9 @@ def validate(
     if violations:
         for line in violations:
             print(line)
-        print(f"{schedule_file}: invalid, {len(violations)} violation(s)", file=sys.stderr)
+        print(f"{one_line(str(schedule_file))}: invalid, {len(violations)} violation(s)", file=sys.stderr)
         raise typer.Exit(1)
-    print(f"{schedule_file}: valid; {metrics_line(schedule)}")
+    print(f"{one_line(str(schedule_file))}: valid; {metrics_line(schedule)}")
 
 
 @app.command()
@@ -854,7 +856,7 @@ def show(
     chosen = choose_format(output, format_name, allowed=PICTURES)
     schedule = load_schedule(schedule_file)
     write_text_atomic(output, chosen.write(schedule))
-    print(f"wrote {output}")
+    print(one_line(f"wrote {output}"))
 
 
 def torch_comparison_rows(problem: Problem, extra: dict[str, Schedule] | None = None) -> list[dict]:
@@ -890,12 +892,14 @@ def export(
     schedule = load_schedule(schedule_file)
     write_text_atomic(output, chosen.write(schedule))
     if chosen.name != torch_csv.NAME:
-        print(f"wrote {output}: {chosen.summary}")
+        print(one_line(f"wrote {output}: {chosen.summary}"))
         return
     problem = schedule.problem
     count = sum(len(device) for device in schedule.devices)
     print(
-        f"wrote {output}: {problem.num_devices} ranks, {problem.num_stages} stages, {count} actions (the order only; times stay in {schedule_file})"
+        one_line(
+            f"wrote {output}: {problem.num_devices} ranks, {problem.num_stages} stages, {count} actions (the order only; times stay in {schedule_file})"
+        )
     )
     if torch_csv.torchtitan_layout(problem) is None:
         print("note: torch's runtime takes this placement from the CSV; torchtitan builds stages only looped or V-shaped")
@@ -933,7 +937,7 @@ def import_(
         print(f"{imported.overlapped_pairs} OVERLAP_F_B pairs run back to back (one op at a time per device)")
     if imported.skipped_actions:
         print(f"skipped {imported.skipped_actions} communication or sharding actions (torch's runtime inserts them)")
-    print(f"wrote {output}")
+    print(one_line(f"wrote {output}"))
 
 
 def main() -> int:

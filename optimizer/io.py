@@ -43,10 +43,20 @@ MAX_JSON_VALUES = 2_000_000
 MAX_JSON_CONTAINERS = 60_000
 
 
+# A message longer than this is cut: it may quote a whole input (a 100 kB option value, a
+# file's contents), and what names the field or the file comes first (a per-device list
+# at 256 devices takes about 2,500).
+MAX_MESSAGE = 4000
+
+
 def one_line(text: str) -> str:
     """Messages reach the user as one line, even when they quote a name with a newline, and
-    with any other control character they quote (an option's value, a file's cell) escaped."""
-    return _escaped(" ".join(str(text).split("\n")).replace("\r", " "))
+    with any other control character they quote (an option's value, a file's cell) escaped;
+    at most MAX_MESSAGE characters of it."""
+    line = _escaped(" ".join(str(text).split("\n")).replace("\r", " "))
+    if len(line) <= MAX_MESSAGE:
+        return line
+    return f"{line[:MAX_MESSAGE]}... (message cut, {len(line)} characters in all)"
 
 
 def _escaped(text: str) -> str:

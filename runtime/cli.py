@@ -29,7 +29,7 @@ import typer  # noqa: E402
 from optimizer.cli import app, finite_option, run_app, user_errors  # noqa: E402
 from optimizer.errors import InputError, PipeschedError, ScheduleError  # noqa: E402
 from optimizer.interrupts import interrupts_deferred  # noqa: E402
-from optimizer.io import printable  # noqa: E402
+from optimizer.io import one_line, printable  # noqa: E402
 from runtime.forkserver import stop_rank_server  # noqa: E402
 
 _BACKEND_HELP = "gloo (CPU) or nccl (one GPU per rank)."
@@ -294,7 +294,7 @@ def profile(
         if as_json:
             print(json.dumps(layers_to_json(layers_file)))
         else:
-            print(f"wrote {output}: {layers_file.num_layers} layers of {model.partition(':')[0]}, measured on one rank")
+            print(one_line(f"wrote {output}: {layers_file.num_layers} layers of {model.partition(':')[0]}, measured on one rank"))
         return
     if memory_limit is not None:
         # Checked before anything is written: a limit below one forward names the stage.
@@ -328,7 +328,7 @@ def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) 
         )
     Console(highlight=False, markup=False).print(table)
     print("BW: the fused backward, written as each stage's `backward` (a BW op's time). Memory: MiB here, GiB in the file.")
-    print(f"wrote {output}")
+    print(one_line(f"wrote {output}"))
 
 
 if _python_handler is signal.default_int_handler:

@@ -268,6 +268,8 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
                 split = [int(part) for part in value.split("/")]
             except ValueError:
                 raise InputError(f"model: split '{value}' is not layer counts like 1/3/3/1") from None
+            if min(split) < 0 or sum(split) < 1:
+                raise InputError(f"model: split '{value}' needs layer counts of 0 or more, at least one layer in all")
             continue
         if key not in fields:
             raise InputError(f"model: unknown option '{key}' (known: {', '.join(sorted(fields))}, split)")
@@ -279,6 +281,12 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
             raise InputError(f"model: option {key}={value} must be {'0 or more' if key == 'seed' else 'positive'}")
         if values[key] > EXAMPLE_MAX_OPTION:
             raise InputError(f"model: option {key}={value} is more than the {EXAMPLE_MAX_OPTION} the example model takes")
+    if split is not None and "layers" not in values:
+        values["layers"] = sum(split)  # checked as if given: a split's sum is no free pass
+        if values["layers"] > EXAMPLE_MAX_OPTION:
+            raise InputError(
+                f"model: split adds up to {values['layers']} layers, more than the {EXAMPLE_MAX_OPTION} the example model takes"
+            )
     config = GPTConfig(**values)
     weights = config.layers * 12 * config.hidden**2 + 2 * config.vocab * config.hidden
     activations = config.layers * config.batch_size * config.seq_len * config.hidden
@@ -287,8 +295,6 @@ def _parse_example(options: str) -> tuple[GPTConfig, list[int] | None]:
             f"model: the example model so configured holds about {max(weights, activations):.3g} numbers, "
             f"more than the {EXAMPLE_MAX_NUMBERS:.0e} it builds (make layers, hidden, vocab, seq_len or batch_size smaller)"
         )
-    if split is not None and "layers" not in values:
-        config = dataclasses.replace(config, layers=sum(split))
     return config, split
 
 

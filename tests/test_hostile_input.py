@@ -36,6 +36,7 @@ from factories import with_slices
 
 from optimizer.formats import schedule_json, torch_csv
 from optimizer.formats.schedule_json import load_schedule, save_schedule
+from optimizer.io import MAX_MESSAGE
 from optimizer.layer_costs import DecoderSizes, decoder_layers
 from optimizer.layers import layers_to_json
 from optimizer.problem import MAX_DEVICES, MAX_MICROBATCHES, MAX_OPS, MAX_STAGES, uniform_problem
@@ -683,6 +684,8 @@ def cases() -> list[Case]:
         Case("layers-tflops-tiny", ["layers", "--tflops", "1e-300", "-o", "{O}/l.json"], ["--tflops", "layers.1.forward"]),
         Case("layers-blocks-zero", ["layers", "--blocks", "0", "-o", "{O}/l.json"], ["--blocks"]),
         Case("layers-heads-not-dividing", ["layers", "--heads", "7", "--hidden", "64", "-o", "{O}/l.json"], ["--heads", "--hidden 64"]),
+        # A 100 kB option value was echoed whole: the line is cut after its start.
+        Case("solve-method-100kB", ["solve", "{C}/p.json", "--method", "m" * 100_000, "-o", "{O}/s.json"], ["method:", "message cut"]),
         Case(
             "export-layout-without-split",
             ["export", "{C}/s.json", "--format", "megatron-layout", "-o", "{O}/x.txt"],
@@ -787,6 +790,7 @@ def test_hostile_case_gets_one_line_and_writes_nothing(case: Case, outcomes) -> 
     lines = stderr.strip().splitlines()
     assert code == case.code, stderr
     assert len(lines) == 1, stderr
+    assert len(lines[0]) <= MAX_MESSAGE + 100, lines[0][:200]  # "error: " and the cut's note
     assert "Traceback" not in stderr
     for name in case.names:
         assert name in lines[0], lines[0]
@@ -797,6 +801,19 @@ def test_hostile_case_gets_one_line_and_writes_nothing(case: Case, outcomes) -> 
 
 
 # ---------------------------------------------------------------------------- output files
+
+
+def test_names_on_success_lines_are_escaped_as_on_error_lines(tmp_path) -> None:
+    # A file name holding a terminal escape was printed raw by "wrote ..." and "valid" lines.
+    name = "red\x1b[31mname.json"
+    wrote, _ = run_cli(["problem", "-p", "2", "-m", "4", "-o", name], tmp_path)
+    assert wrote.returncode == 0, wrote.stderr
+    solved, _ = run_cli(["solve", name, "--method", "1f1b", "-o", "s\x1b[2J.json"], tmp_path)
+    valid, _ = run_cli(["validate", "s\x1b[2J.json"], tmp_path)
+    assert solved.returncode == 0 and valid.returncode == 0, solved.stderr + valid.stderr
+    for result in (wrote, solved, valid):
+        assert "\x1b" not in result.stdout + result.stderr
+    assert "red\\x1b[31mname.json" in wrote.stdout and "s\\x1b[2J.json: valid" in valid.stdout
 
 
 def test_outputs_keep_mode_honour_umask_and_write_through_devices(tmp_path) -> None:

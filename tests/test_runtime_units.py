@@ -120,6 +120,13 @@ def test_example_model_options_and_errors():
         load_model("example:seed=-1", 2)
     with pytest.raises(InputError, match="cannot import"):
         load_model("no_such_package.models:build", 2)
+    # A split's sum sets the layers: it meets the same caps as layers= (a million layers
+    # given as a split once built until memory ran out), and its counts are layer counts.
+    with pytest.raises(InputError, match="split adds up to 1000001 layers"):
+        load_model("example:split=1000000/1", 2)
+    for split in ("-1/9", "-5/-5", "0/0"):
+        with pytest.raises(InputError, match=f"split '{split}' needs layer counts of 0 or more"):
+            load_model(f"example:split={split}", 2)
 
 
 def test_a_user_model_in_the_current_folder_is_found_without_changing_the_path(tmp_path, monkeypatch):
