@@ -137,6 +137,23 @@ def test_validate_names_a_missing_op_where_the_files_metrics_no_longer_agree(tmp
     assert f"missing: {dropped['kind']}(stage {dropped['stage']}, mb {dropped['microbatch']})" in result.stdout
 
 
+def test_validate_lists_the_broken_rules_where_an_edited_time_changed_the_metrics(tmp_path):
+    # One forward moved earlier (it now overlaps its neighbour and lasts longer): the
+    # file's metrics differ from the ops, but the rules the op breaks are the finding.
+    schedule = tmp_path / "s.json"
+    save_schedule(generate(uniform_problem(2, 4), "gpipe"), schedule)
+    data = json.loads(schedule.read_text())
+    data["devices"][0][1]["start"] = 0.5
+    result = invoke("validate", write(tmp_path, "moved.json", data))
+    assert result.exit_code == 1, result.output
+    assert "overlap: F(stage 0, mb 1) starts at 0.5" in result.stdout
+    # A valid schedule whose metrics were edited is still refused for them (exit 2).
+    data = json.loads(schedule.read_text())
+    data["metrics"]["makespan"] += 1
+    result = invoke("validate", write(tmp_path, "claimed.json", data))
+    assert result.exit_code == 2 and "metrics.makespan" in result.output, result.output
+
+
 def test_compare_keeps_hand_schedules_when_no_schedule_fits(tmp_path):
     # vshape: each device holds two stages of 0.5, so one microbatch in flight needs 1 > 0.5.
     problem = uniform_problem(4, 8, placement="vshape", mem_forward=0.5, memory_limit=0.5)

@@ -236,3 +236,27 @@ def test_below_1f1b_depth_the_throttled_settings_lead_the_grid():
     # Several stages per device keep their own order.
     v = with_limit(uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", mem_forward=0.5), 2.0)
     assert not below_one_f_one_b(v) and policy_grid(v)[: len(MULTI_STAGE_GRID)] == MULTI_STAGE_GRID
+
+
+# -- The advice an infeasible limit gets --------------------------------------------------
+
+
+@given(st.floats(min_value=1e-9, max_value=1e12, allow_nan=False))
+def test_an_advised_limit_is_never_below_the_need_it_stands_for(need):
+    from optimizer.schedules.listengine import rounded_up
+
+    text = rounded_up(need)
+    assert float(text) >= need
+    assert float(text) <= need * (1 + 1e-5)  # six significant digits: at most one step up
+    assert len(text.replace(".", "").replace("-", "").split("e")[0].lstrip("0")) <= 6
+
+
+def test_the_per_device_advice_can_be_pasted_into_the_problem():
+    from optimizer.schedules.listengine import _smallest
+
+    # Printed to 6 digits, 2.1455249 read 2.14552 (below the need), and a device that holds
+    # nothing read 0, which no problem may hold as a limit.
+    text = _smallest([2.0, 2.1455249, 0.5, 0.0, 2.5])
+    assert text.startswith("2.5 (per device: ")
+    advised = [float(v) for v in text.split("per device: ")[1].rstrip(")").split(", ")]
+    assert advised == [2.0, 2.14553, 0.5, 0.5, 2.5]

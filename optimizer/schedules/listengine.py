@@ -112,14 +112,40 @@ class Policy:
 def short_of(needs: list[float], limits: tuple[float, ...]) -> tuple[list[int], str]:
     """The devices whose limit is below their need, and a description of the first few."""
     short = [d for d, (need, limit) in enumerate(zip(needs, limits)) if limit < need - _REL_TOLERANCE * max(1.0, need)]
-    details = ", ".join(f"device {d} needs {needs[d]:.6g} > limit {limits[d]:.6g}" for d in short[:4])
+    details = ", ".join(f"device {d} needs {_versus(needs[d], limits[d])}" for d in short[:4])
     more = f" and {len(short) - 4} more" if len(short) > 4 else ""
     return short, details + more
 
 
+def _versus(need: float, limit: float) -> str:
+    """'need > limit' with as many digits as it takes to tell them apart."""
+    digits = 6
+    while digits < 17 and f"{need:.{digits}g}" == f"{limit:.{digits}g}":
+        digits += 3
+    return f"{need:.{digits}g} > limit {limit:.{digits}g}"
+
+
+def rounded_up(value: float, digits: int = 6) -> str:
+    """`value` to `digits` significant digits, never below it: a limit printed as advice
+    must fit when it is used as printed."""
+    text = f"{value:.{digits}g}"
+    if value <= 0 or float(text) >= value:
+        return text
+    step = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    up = math.ceil(value / step) * step
+    while float(f"{up:.{digits}g}") < value:  # the float product may land a hair below
+        up += step
+    return f"{up:.{digits}g}"
+
+
 def _smallest(needs: list[float]) -> str:
-    per_device = "" if len(set(needs)) == 1 else " (per device: " + ", ".join(f"{v:.6g}" for v in needs) + ")"
-    return f"{max(needs):.6g}{per_device}"
+    """The least limit that fits, and per device when they differ; a device that needs
+    nothing shows the least need of the others (a limit must be positive), so the list can
+    be pasted into the problem as it is."""
+    least_positive = min((v for v in needs if v > 0), default=1.0)
+    shown = [rounded_up(v if v > 0 else least_positive) for v in needs]
+    per_device = "" if len(set(shown)) == 1 else " (per device: " + ", ".join(shown) + ")"
+    return f"{rounded_up(max(needs))}{per_device}"
 
 
 def check_memory_feasible(problem: Problem) -> None:
