@@ -266,6 +266,10 @@ def choose_vocab_split(
     infeasible: list[SplitInfeasible] = []
     began = time.monotonic()
     for k, count in enumerate(barriers):
+        if results and time.monotonic() - began >= options.time_limit:
+            # The limit is spent (the first count's schedules ran past it: at p = 256,
+            # m = 39 one takes 3-7 s): the other counts would each cost as much again.
+            break
         trunk, vocab = shard_vocabulary(profile, placement.num_devices, count)
         share = (options.time_limit - (time.monotonic() - began)) / (len(barriers) - k)
         try:

@@ -489,3 +489,22 @@ def test_when_no_essential_schedule_fits_the_low_memory_families_come_before_the
         assert "v-auto" not in offered and "v-half" not in offered  # over the limit: not offered
         assert offered[0] == "v-min" and lists and lists[0] > 0
     assert tracker.best is not None and validate(problem, tracker.best.devices) == []
+
+
+def test_a_family_is_not_started_when_the_time_left_would_not_even_time_its_orders():
+    # A build given up at its deadline keeps running in its thread and slows the solver
+    # (at p = 256, m = 39 with vocabulary passes a layers file's solve took 7 s instead of
+    # 3): with less time left than timing its orders takes, a family is not started;
+    # an essential one (an automatic scheduler users compare with) still is.
+    from optimizer.exact.incumbents import _TIMING_SECONDS_PER_OP
+
+    problem = uniform_problem(16, 64, 1.0, 1.0, 0.6, memory_limit=16.0)
+    reserve = _TIMING_SECONDS_PER_OP * problem.num_ops
+    assert reserve > 0.05
+    deadline = time.monotonic() + reserve / 2
+    found, failed = generator_candidates(problem, deadline=deadline, which="1f1b".__eq__)
+    assert found == [] and failed["1f1b"].startswith("not run")
+    found, failed = generator_candidates(
+        problem, deadline=deadline, essential=("zb-auto",), essential_deadline=time.monotonic() + 60, which="zb-auto".__eq__
+    )
+    assert [c.name for c in found] == ["zb-auto"]
