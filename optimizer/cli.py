@@ -352,6 +352,14 @@ def layers(
     print(one_line(f"wrote {output}: {profile.num_layers} layers (embedding, {blocks} blocks, head)"))
 
 
+def _what_file(data: object, problem_has: str) -> str:
+    """What a file that is not a layers file holds, for an option only a layers file takes."""
+    found = data.get("format") if isinstance(data, dict) else None
+    if found == "pipesched.schedule":
+        return "a schedule, not a problem or a layers file"
+    return f"a problem{problem_has}"
+
+
 @app.command(epilog=families_epilog())
 @user_errors
 def solve(
@@ -470,9 +478,11 @@ def solve(
         ("--memory-limit", memory_limit),
     ):
         if value is not None:
-            raise InputError(f"{name}: only for a layers file; {problem_file} is a problem, which has its own")
+            raise InputError(f"{name}: only for a layers file; {problem_file} is {_what_file(data, ', which has its own')}")
     if vocab_parallel:
-        raise InputError(f"--vocab-parallel: only for a layers file; {problem_file} is a problem (give it a vocab_parallel field)")
+        raise InputError(
+            f"--vocab-parallel: only for a layers file; {problem_file} is {_what_file(data, ' (give it a vocab_parallel field)')}"
+        )
     loaded = problem_from_json(data, str(problem_file))
     interrupted = False
     starts: list[Start] = []

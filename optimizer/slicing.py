@@ -104,6 +104,10 @@ def dp_lengths(costs: np.ndarray, slices: int, stages: int, overhead: float = 0.
         if np.isfinite(total) and total + (stages - 1) * bound < best_value:
             best_value, best_cut = total + (stages - 1) * bound, choice
     if best_cut is None:
+        if blocks < length:  # the DP cuts on block edges, not on every token
+            raise InputError(
+                f"--slices: {slices} slices with --slice-lengths dp: the DP cuts the sequence on {blocks} blocks, so at most {blocks} slices"
+            )
         raise InputError(f"--slices: {slices} slices do not fit {length} tokens")
     return [bounds[j] - bounds[i] for i, j in zip(best_cut, best_cut[1:])]
 

@@ -684,6 +684,14 @@ def cases() -> list[Case]:
         Case("layers-tflops-tiny", ["layers", "--tflops", "1e-300", "-o", "{O}/l.json"], ["--tflops", "layers.1.forward"]),
         Case("layers-blocks-zero", ["layers", "--blocks", "0", "-o", "{O}/l.json"], ["--blocks"]),
         Case("layers-heads-not-dividing", ["layers", "--heads", "7", "--hidden", "64", "-o", "{O}/l.json"], ["--heads", "--hidden 64"]),
+        # The DP's 128 blocks are the limit, not the sequence's tokens.
+        Case(
+            "problem-dp-slices-over-its-blocks",
+            ["problem", "-p", "2", "-m", "4", "--slices", "129", "--slice-lengths", "dp", "-o", "{O}/p.json"],
+            ["--slices", "128 blocks"],
+        ),
+        # A schedule given with a layers file's option is named a schedule, not a problem.
+        Case("solve-schedule-with-devices", ["solve", "{C}/s.json", "-p", "2", "-o", "{O}/o.json"], ["--devices", "s.json is a schedule"]),
         # A 100 kB option value was echoed whole: the line is cut after its start.
         Case("solve-method-100kB", ["solve", "{C}/p.json", "--method", "m" * 100_000, "-o", "{O}/s.json"], ["method:", "message cut"]),
         Case(
