@@ -26,7 +26,7 @@ from pathlib import Path  # noqa: E402
 
 import typer  # noqa: E402
 
-from optimizer.cli import app, finite_option, run_app, user_errors  # noqa: E402
+from optimizer.cli import INTERRUPTED, app, finite_option, run_app, user_errors  # noqa: E402
 from optimizer.errors import InputError, PipeschedError, ScheduleError  # noqa: E402
 from optimizer.interrupts import interrupts_deferred  # noqa: E402
 from optimizer.io import one_line, printable  # noqa: E402
@@ -353,9 +353,14 @@ def main() -> int:
     runtime/forkserver.stop_rank_server; tests run the app in one process and keep the
     server for the next launch)."""
     try:
-        # A rank of a torchrun job keeps SIGTERM's default: torchrun stops its workers with
-        # it, and a rank waiting for a transfer would see it only when the wait ends (up to
-        # --timeout), where torchrun gives it 30 s before SIGKILL.
-        return run_app(app, terminations="RANK" not in os.environ)
-    finally:
-        stop_rank_server()
+        try:
+            # A rank of a torchrun job keeps SIGTERM's default: torchrun stops its workers
+            # with it, and a rank waiting for a transfer would see it only when the wait
+            # ends (up to --timeout), where torchrun gives it 30 s before SIGKILL.
+            return run_app(app, terminations="RANK" not in os.environ)
+        finally:
+            stop_rank_server()
+    except KeyboardInterrupt:
+        # A second Ctrl-C while the first was being handled (the best schedule being
+        # written, "interrupted" printed): the same exit status, not death by SIGINT.
+        return INTERRUPTED

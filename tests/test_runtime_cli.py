@@ -94,3 +94,19 @@ def test_per_layer_profile_then_a_chosen_split_runs_and_checks(tmp_path):
     # So is a layers= that contradicts it (it was silently replaced by the split's count).
     result = runner.invoke(app, ["run", str(schedule_path), "--model", model.replace("layers=3", "layers=5"), "--steps", "1"])
     assert result.exit_code == 2 and "layers=5 differs from the schedule's layer split (3 blocks)" in result.output
+
+
+def test_a_ctrl_c_while_the_first_is_handled_still_exits_130(monkeypatch):
+    # A second Ctrl-C arriving while the first one's schedule was written (or during the
+    # rank server's stop) escaped as KeyboardInterrupt: the process died of SIGINT.
+    import runtime.cli as console
+
+    stopped: list[bool] = []
+
+    def interrupted_twice(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(console, "run_app", interrupted_twice)
+    monkeypatch.setattr(console, "stop_rank_server", lambda: stopped.append(True))
+    assert console.main() == 130
+    assert stopped == [True]  # the rank server is stopped all the same
