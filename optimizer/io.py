@@ -407,8 +407,9 @@ def write_outputs(outputs: Sequence[tuple[str | Path, str]]) -> None:
                 current.tmp = None
     except OSError as exc:
         name = current.path if current is not None else "output"
-        if exc.errno == errno.ENXIO:
-            raise InputError(f"{name}: a FIFO that no process reads") from None
+        if exc.errno == errno.ENXIO:  # a FIFO without a reader, or a device with nothing behind it
+            what = "a FIFO that no process reads" if _is_fifo(name) else f"no device behind it ({exc.strerror})"
+            raise InputError(f"{name}: {what}") from None
         raise InputError(f"{name}: cannot write ({exc.strerror or exc.__class__.__name__})") from None
     finally:
         for s in staged:
@@ -448,3 +449,10 @@ def json_text(data: object) -> str:
 
 def write_json_atomic(path: str | Path, data: object) -> None:
     write_outputs([(path, json_text(data))])
+
+
+def _is_fifo(path: str | os.PathLike[str]) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False

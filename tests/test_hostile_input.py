@@ -1250,3 +1250,22 @@ def test_names_read_from_a_schedule_reach_the_terminal_escaped(tmp_path) -> None
     assert result.returncode == 0
     assert "\x1b" not in result.stdout and len(result.stdout.strip().splitlines()) == 1
     assert "method evil\\x1b[31mred\\nsecond line" in result.stdout
+
+
+def test_a_terminal_device_without_a_terminal_is_not_called_a_fifo(tmp_path) -> None:
+    # Without a controlling terminal, /dev/tty fails to open with ENXIO, as a FIFO without a
+    # reader does: the message said "a FIFO".
+    (tmp_path / "p.json").write_text(json.dumps(uniform_problem(2, 4).model_dump(mode="json")))
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **NO_BYTECODE}
+    result = subprocess.run(
+        [*CLI, "solve", "p.json", "--method", "1f1b", "-o", "/dev/tty"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # no controlling terminal
+    )
+    assert result.returncode == 2, result.stderr
+    assert "/dev/tty: no device behind it" in result.stderr and "FIFO" not in result.stderr
