@@ -313,6 +313,8 @@ def test_schedule_of_another_format_is_refused(tmp_path):
         # Claims the schedule contradicts (its makespan is 9): validate printed them as they came.
         ({"lower_bound": 1e6}, "metrics.lower_bound: 1e+06 is above the schedule's makespan 9"),
         ({"status": "optimal", "gap": 0.9}, "metrics.status: optimal with a gap of 0.9"),
+        # A proof claimed where the file's own bound leaves most of the makespan open.
+        ({"lower_bound": 1.0, "gap": 0.0, "status": "optimal"}, "metrics.gap: 0, but its lower bound 1 gives 0.888889"),
     ],
 )
 def test_a_schedules_metrics_out_of_their_range_are_refused(tmp_path, metrics, expected):
