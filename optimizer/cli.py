@@ -47,6 +47,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help (click's): it wraps every column to the terminal's width; the boxed one cut
+    # long option names to fit its columns at 80 ("--mem-backward-weig…").
+    rich_markup_mode=None,
 )
 
 Command = TypeVar("Command", bound=Callable)

@@ -402,6 +402,26 @@ def test_help_lists_every_family_with_its_summary():
         assert "F&B overlap is not modelled" in text
 
 
+def test_help_shows_every_option_name_whole_at_80_columns():
+    # At a terminal's usual 80 columns the boxed help cut long option names to fit its
+    # columns ("--mem-backward-weig…", "--flash-attent…"): a user could not read them.
+    import typer.main
+
+    from runtime.cli import app as whole_app  # run and profile included
+
+    commands = typer.main.get_command(whole_app).commands  # type: ignore[attr-defined]
+    assert {"problem", "layers", "solve", "run", "profile"} <= set(commands)
+    for name, command in commands.items():
+        result = runner.invoke(whole_app, [name, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80", "NO_COLOR": "1"})
+        assert result.exit_code == 0, name
+        assert "…" not in result.output, name
+        assert max(len(line) for line in result.output.splitlines()) <= 80, name
+        for parameter in command.params:
+            for option in [*parameter.opts, *parameter.secondary_opts]:
+                if option.startswith("--"):
+                    assert option in result.output.split() or f"{option}," in result.output or f"{option}/" in result.output, (name, option)
+
+
 def test_the_chart_scales_to_any_time_unit():
     # Times of 1e-300 were drawn at one x (the span was floored at 1e-12).
     import re
