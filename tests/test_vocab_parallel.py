@@ -314,3 +314,19 @@ def test_greedy_names_the_smallest_limit_where_the_passes_leave_the_base_no_memo
         generate(problem, "greedy")
     roomier = problem_from_json({**problem.model_dump(mode="json"), "memory_limit": 6.0})
     assert generate(roomier, "greedy").fits_memory()
+
+
+def test_compare_torch_refuses_vocabulary_passes_in_one_line(tmp_path):
+    # It printed every torch schedule as a row of "-" and the same reason seven times, where
+    # token slices (which torch's schedules lack too) are refused: now both are refused.
+    from typer.testing import CliRunner
+
+    from optimizer.cli import app
+
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps(with_vocab(uniform_problem(2, 3)).to_json()))
+    result = CliRunner().invoke(app, ["compare", str(path), "--torch"])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.stderr
+    assert "--torch: torch.distributed.pipelining's schedules have no vocabulary passes" in lines[0]
+    assert result.stdout == ""
