@@ -773,7 +773,10 @@ def _row(name: str, schedule: Schedule) -> dict:
 
 
 def print_comparison(rows: list[dict], title: str) -> None:
-    table = Table(title=title)
+    # The title on its own line: as the table's title it was wrapped and centred to the
+    # table's width, cutting "memory limit 4.0" in two at 80 columns.
+    print(one_line(title))
+    table = Table()
     for column, justify in (
         ("method", "left"),
         ("makespan", "right"),

@@ -422,6 +422,15 @@ def test_help_shows_every_option_name_whole_at_80_columns():
                     assert option in result.output.split() or f"{option}," in result.output or f"{option}/" in result.output, (name, option)
 
 
+def test_compare_prints_its_title_on_one_line_at_80_columns(tmp_path):
+    problem = tmp_path / "a-problem-file-with-a-long-name.json"
+    assert invoke("problem", "-p", 8, "-m", 32, "--placement", "vshape", "--memory-limit", 4, "-o", problem).exit_code == 0
+    result = runner.invoke(app, ["compare", str(problem)], env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.exit_code == 0
+    title = f"{problem}: 8 devices, 16 stages, 32 microbatches, memory limit 4.0"
+    assert result.stdout.splitlines()[0] == title
+
+
 def test_the_chart_scales_to_any_time_unit():
     # Times of 1e-300 were drawn at one x (the span was floored at 1e-12).
     import re
