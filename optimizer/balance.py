@@ -31,6 +31,7 @@ from optimizer.exact.portfolio import AUTOMATIC_SHARE, ESSENTIAL
 from optimizer.layers import LayersProfile
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
+from optimizer.schedules.listengine import rounded_up
 from optimizer.split import (
     Placement,
     Split,
@@ -295,7 +296,7 @@ def _no_split_fits(trials: list[SplitTrial], memory_limit: float | None) -> Spli
         within = "" if memory_limit is None else f" within {memory_limit:g}"
         return SplitInfeasible(f"memory_limit: no split tried has a schedule{within}", float("inf"))
     return SplitInfeasible(
-        f"memory_limit: no split fits {memory_limit:g}; the least any split tried needs is {least.need:.4g} "
+        f"memory_limit: no split fits {memory_limit:g}; the least any split tried needs is {rounded_up(least.need)} "
         f"({least.name}, {'/'.join(map(str, least.split))}): raise the limit or use more devices",
         least.need,
     )

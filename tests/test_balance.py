@@ -343,3 +343,23 @@ def test_cli_layers_solve_and_export(tmp_path):
     assert [len(stage) for stage in stages] == chosen["layers_per_stage"]
     result = runner.invoke(app, ["solve", str(layers_file), "-o", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and "needs --devices and --microbatches" in result.output
+
+
+@pytest.mark.parametrize(("sizes", "args"), [
+    (["--blocks", "3", "--hidden", "512", "--vocab", "32000", "--sequence", "1024"], ["-p", "2", "-m", "4"]),
+    (["--blocks", "6", "--hidden", "512", "--vocab", "32000", "--sequence", "1024"], ["-p", "3", "-m", "8", "--placement", "vshape", "--vocab-parallel"]),
+])  # fmt: skip
+def test_the_least_limit_named_when_no_split_fits_is_one_that_fits(tmp_path, sizes, args):
+    # It was printed to 4 digits, rounded down: 0.467 for a need of 0.46704..., and the
+    # limit named failed in its turn.
+    runner = CliRunner()
+    layers_file = tmp_path / "layers.json"
+    assert runner.invoke(app, ["layers", *sizes, "-o", str(layers_file)]).exit_code == 0
+    out = tmp_path / "s.json"
+    common = ["solve", str(layers_file), *args, "--time-limit", "1", "-q", "-o", str(out)]
+    refused = runner.invoke(app, [*common, "--memory-limit", "0.01"])
+    assert refused.exit_code == 3, refused.output
+    named = re.search(r"the least any split tried needs is ([0-9.e+-]+) ", refused.stderr)
+    assert named is not None, refused.stderr
+    solved = runner.invoke(app, [*common, "--memory-limit", named.group(1)])
+    assert solved.exit_code == 0, solved.output

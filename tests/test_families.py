@@ -236,6 +236,7 @@ PLACEMENT_OF = {
     "v-greedy": "vshape",
     "dualpipe-v": "vshape",
     "greedy": "interleaved:3",
+    "paced": "vshape",
     "terapipe": "vshape",
     "seq1f1b": "linear",
     "seq1f1b-zb": "linear",

@@ -13,6 +13,7 @@ from optimizer.schedules import (
     interleaved_auto,
     interleaved_zb,
     one_f_one_b,
+    paced,
     seq1f1b,
     seq1f1b_zb,
     terapipe,
@@ -52,6 +53,7 @@ GENERATORS: dict[str, Generator] = {
         seq1f1b,
         seq1f1b_zb,
         greedy,
+        paced,
     )
 }
 # The vocabulary-parallel variants the paper gives, under their own names (any family
