@@ -295,9 +295,21 @@ def dependency_depths(num_stages: int, num_slices: int = 1, vocab: VocabRule | N
 
     def depth(op: Op | TimedOp) -> int:
         key = (op.kind, op.stage, op.slice)
-        if key not in known:
-            deps = dependencies(Op(op.kind, op.stage, 0, op.slice), num_stages, num_slices, vocab)
-            known[key] = 1 + max((depth(dep) for dep in deps), default=-1)
+        # Depth first with an explicit stack: a chain is about 2 x stages x slices long,
+        # past Python's recursion limit at 1,024 stages.
+        stack = [key]
+        while stack:
+            kind, stage, piece = stack[-1]
+            if (kind, stage, piece) in known:
+                stack.pop()
+                continue
+            deps = dependencies(Op(kind, stage, 0, piece), num_stages, num_slices, vocab)
+            missing = [(d.kind, d.stage, d.slice) for d in deps if (d.kind, d.stage, d.slice) not in known]
+            if missing:
+                stack.extend(missing)
+                continue
+            known[(kind, stage, piece)] = 1 + max((known[(d.kind, d.stage, d.slice)] for d in deps), default=-1)
+            stack.pop()
         return known[key]
 
     return depth
