@@ -62,3 +62,17 @@ def test_known_schedules_are_placed_as_their_papers_define_them():
         assert placed[name].makespan == pytest.approx(own.makespan, rel=1e-12), name
         assert placed[name].peak_memory == pytest.approx(max(own.metrics.peak_memory), rel=1e-12), name
     assert placed["gpipe"].makespan == pytest.approx(33.0)  # (m + p - 1) * (F + B + W) = 11 * 3
+
+
+def test_a_curve_interrupted_before_its_first_limit_plots_without_warnings():
+    # Ctrl-C before the first limit left the right panel without labels, and matplotlib
+    # printed a UserWarning among the command's lines.
+    import warnings
+
+    from optimizer.exact.frontier import ParetoCurve
+    from optimizer.formats.pareto_svg import pareto_svg
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text = pareto_svg(ParetoCurve(points=[], generators=[], time_limit=1.0, interrupted=True))
+    assert text.startswith("<?xml")

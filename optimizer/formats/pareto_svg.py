@@ -75,9 +75,9 @@ def pareto_figure(curve: ParetoCurve):
         axis.set_xlabel("memory limit / peak memory")
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
-    if left.get_legend_handles_labels()[0]:
-        left.legend(fontsize=8)
-    right.legend(fontsize=8)
+    for axis in (left, right):
+        if axis.get_legend_handles_labels()[0]:  # a legend of nothing warns (Ctrl-C before any limit)
+            axis.legend(fontsize=8)
     figure.suptitle(f"Memory against speed ({curve.time_limit:g} s per point); squares: known schedules at their peak memory")
     figure.tight_layout()
     return figure
