@@ -969,7 +969,7 @@ def interrupt(process: subprocess.Popen) -> tuple[str, str]:
 def test_ctrl_c_during_cbc_kills_it_and_removes_its_files(tmp_path) -> None:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    # The whole MILP keeps its time limit up to 400 ops: 144 here.
+    # The whole MILP takes up to 400 ops: 144 here.
     process = start(
         ["solve", str(hard_problem(tmp_path, microbatches=12)), "--method", "milp", "--time-limit", "60", "-q", "-o", "s.json"],
         tmp_path,

@@ -54,8 +54,8 @@ def whole_model_refusal(problem: Problem, method: str) -> str | None:
         return None
     held = f"all {ops} ops" + (f" and {choices} fused-or-split choices (each weighs as {CHOICE_WEIGHT} ops)" if choices else "")
     return (
-        f"method: {method} builds one model of {held} and keeps its time limit up to "
-        f"{WHOLE_MODEL_MAX_OPS[method]} ops; use --method auto, which decomposes larger problems"
+        f"method: {method} builds one model of {held} and ends within seconds of its time limit (its build counts) "
+        f"up to {WHOLE_MODEL_MAX_OPS[method]} ops; use --method auto, which decomposes larger problems"
     )
 
 
