@@ -6,21 +6,26 @@ torch is imported inside the runtime commands only, so the optimizer's commands 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+from collections.abc import Callable
 
-# Ctrl-C while the commands load (about a second of imports) is held until they are
-# loaded, then ends the program quietly with 130, like Ctrl-C later on (run_app).
-# Raised inside the imports, it could be turned into an ImportError of a C extension.
+# Ctrl-C while the commands load (0.3 s to a second of imports) is held until they are
+# loaded, then ends the program quietly with 130, like Ctrl-C later on (run_app); so are
+# SIGTERM and SIGHUP (143, 129), which run_app handles as Ctrl-C, except in a torchrun
+# rank, which keeps their default. Raised inside the imports, a KeyboardInterrupt could be
+# turned into an ImportError of a C extension; left at their default, SIGTERM and SIGHUP
+# ended the program without a word.
 _interrupts_while_loading: list[int] = []
-_python_handler = signal.getsignal(signal.SIGINT)
-if _python_handler is signal.default_int_handler:
-    signal.signal(signal.SIGINT, lambda signum, frame: _interrupts_while_loading.append(signum))
+_handlers_while_loading: dict[signal.Signals, signal.Handlers | Callable | int | None] = {}
+for _signum, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL), (signal.SIGHUP, signal.SIG_DFL)):
+    if signal.getsignal(_signum) is _default and (_signum == signal.SIGINT or "RANK" not in os.environ):
+        _handlers_while_loading[_signum] = signal.signal(_signum, lambda signum, frame: _interrupts_while_loading.append(signum))
 
 import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import os  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -331,11 +336,11 @@ def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) 
     print(one_line(f"wrote {output}"))
 
 
-if _python_handler is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _python_handler)
-    if _interrupts_while_loading:
-        print("interrupted", file=sys.stderr)
-        raise SystemExit(130)
+for _held, _handler in _handlers_while_loading.items():
+    signal.signal(_held, _handler)
+if _interrupts_while_loading:
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(128 + _interrupts_while_loading[0])
 
 
 def _model_files(model: str) -> list[str]:

@@ -1172,6 +1172,48 @@ def test_cbc_ends_with_a_solve_killed_outright(tmp_path) -> None:
         assert not folder.exists()
 
 
+# Sends the signal while the commands' modules load (at typer's import, after the entry's
+# first lines), where Python's default action would end the process without a word.
+SIGNAL_WHILE_LOADING = """
+import importlib.abc, os, signal, sys
+class Signal(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "typer":
+            os.kill(os.getpid(), int(os.environ["SIGNAL_WHILE_LOADING"]))
+        return None
+sys.meta_path.insert(0, Signal())
+from runtime.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("received", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_commands_load_ends_as_ctrl_c_does(tmp_path, received) -> None:
+    (tmp_path / "p.json").write_text(json.dumps(uniform_problem(4, 8).model_dump(mode="json")))
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "SIGNAL_WHILE_LOADING": str(int(received))}
+    environment.pop("RANK", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SIGNAL_WHILE_LOADING,
+            "solve",
+            str(tmp_path / "p.json"),
+            "--time-limit",
+            "30",
+            "-o",
+            str(tmp_path / "s.json"),
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_SECONDS,
+    )
+    assert result.returncode == 128 + int(received), result.stderr
+    assert result.stderr.strip() == "interrupted"
+    assert not (tmp_path / "s.json").exists()
+
+
 def test_sigterm_during_solve_writes_the_best_schedule_so_far(tmp_path) -> None:
     with ended_session(start(["solve", str(hard_problem(tmp_path)), "--time-limit", "60", "-o", "s.json"], tmp_path, tmp_path)) as process:
         assert process.stderr is not None
