@@ -410,7 +410,9 @@ def test_whole_model_methods_refuse_sizes_past_their_limit(method):
 
     limit = WHOLE_MODEL_MAX_OPS[method]
     m = limit // 3 // 4 + 1  # 4 linear stages: 12 ops per microbatch, just over the limit
-    with pytest.raises(InputError, match=f"ends within seconds of its time limit \\(its build counts\\) up to {limit} ops; use --method auto"):
+    with pytest.raises(
+        InputError, match=f"ends within seconds of its time limit \\(its build counts\\) up to {limit} ops; use --method auto"
+    ):
         solve(zb_problem(4, m), method, SolveOptions(time_limit=1))
     schedule = solve(zb_problem(4, limit // 12), method, SolveOptions(time_limit=1))
     assert_valid(schedule)
@@ -429,7 +431,9 @@ def test_fused_or_split_choices_count_toward_the_whole_models_size(method):
         stage["backward"] = 1.0  # shorter than B + W
     problem = Problem.model_validate(fused)
     assert problem.num_ops <= limit  # refused for its choices alone
-    with pytest.raises(InputError, match=f"fused-or-split choices .* ends within seconds of its time limit \\(its build counts\\) up to {limit} ops"):
+    with pytest.raises(
+        InputError, match=f"fused-or-split choices .* ends within seconds of its time limit \\(its build counts\\) up to {limit} ops"
+    ):
         solve(problem, method, SolveOptions(time_limit=1))
     fitting = Problem.model_validate({**fused, "num_microbatches": limit // per_microbatch})
     assert_valid(solve(fitting, method, SolveOptions(time_limit=1)))

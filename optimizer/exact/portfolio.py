@@ -211,14 +211,14 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     essential_until = tracker.began + AUTOMATIC_SHARE * tracker.time_limit
     families_until = min(essential_until, time.monotonic() + GENERATOR_SHARE * tracker.left())
     found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until)
-    found += _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS, families_until, essential_until)
     tried = set(ESSENTIAL)
     if _below_v_min(problem):
-        # Below V-Min's memory `paced` is 8-21% ahead of v-auto and the list scheduler on
-        # Zero Bubble's settings, and as quick: it runs as the automatic schedulers do (in the
-        # families' share, a 5 s limit at p = 32 left it unbuilt, and `auto` 12-19% longer).
-        found += _generators(problem, tracker, PACED_BELOW_V_MIN.__eq__, essential_until, essential_until)
+        # Below V-Min's memory `paced` is 8-21% ahead of v-auto (the list scheduler's there)
+        # on Zero Bubble's settings, and quicker: it comes before them (in the families'
+        # share a 5 s limit at p = 32 left it unbuilt, and `auto` 12-19% longer).
+        found += _paced_first(problem, tracker, essential_until)
         tried.add(PACED_BELOW_V_MIN)
+    found += _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS, families_until, essential_until)
     for name in FALLBACK_FAMILIES:
         if tracker.best is not None:
             break
@@ -240,10 +240,31 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     return found
 
 
+def _paced_first(problem: Problem, tracker: Tracker, until: float) -> list[Candidate]:
+    """`paced`, its periods timed until `until` and its least fitting period at least,
+    even past it: it fits wherever split backwards do, in a bisection and one timing, where
+    the list scheduler's fallback (when nothing else fits in time) runs whole (p = 256,
+    m = 32 on the V placement at a limit of 3 activations: 6.2 s at a 1 s limit)."""
+    try:
+        orders = GENERATORS[PACED_BELOW_V_MIN].build_within(problem, until)
+    except PipeschedError:  # split backwards do not fit: the least-memory order follows
+        return []
+    c = candidate(problem, PACED_BELOW_V_MIN, orders)
+    tracker.offer(c.schedule, c.name)
+    return [c]
+
+
 def _below_v_min(problem: Problem) -> bool:
-    """On the V placement, whether V-Min's schedule is over the memory limit (built on p
-    microbatches, see `_fallback_may_fit`)."""
-    return problem.placement() == "vshape" and not _fallback_may_fit(problem, "v-min")
+    """On the V placement, whether V-Min's schedule is over the memory limit (built on at
+    most p microbatches: its peak is the same from p up, see FALLBACK_FAMILIES)."""
+    generator = GENERATORS["v-min"]
+    if problem.placement() != "vshape" or generator.reason(problem) is not None:
+        return False
+    fewer = stretch.fewer_microbatches(problem.without_vocab(), min(problem.num_devices, problem.num_microbatches))
+    try:
+        return not orders_fit(fewer, generator.build(fewer))
+    except PipeschedError:
+        return False
 
 
 def _fallback_may_fit(problem: Problem, name: str) -> bool:
