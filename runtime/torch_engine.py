@@ -19,10 +19,13 @@ a first stage fed token ids.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,15 +77,34 @@ class _FailedAction(logging.Handler):
             self.action = found.group(1)
 
 
+@contextlib.contextmanager
+def csv_file(text: str) -> Iterator[str]:
+    """A path that reads as `text` for as long as the block runs (torch's runtime loads its
+    schedule from a file name). On Linux an anonymous in-memory file, which nothing on disk
+    names: a rank stopped by SIGKILL inside the block (the launcher's way of stopping ranks
+    after Ctrl-C) left its temporary folder behind. Elsewhere a temporary folder."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        descriptor = os.memfd_create("pipesched-torch-schedule.csv")
+        try:
+            with os.fdopen(os.dup(descriptor), "w", encoding="utf-8") as writer:
+                writer.write(text)
+            yield f"/proc/self/fd/{descriptor}"
+        finally:
+            os.close(descriptor)
+        return
+    with tempfile.TemporaryDirectory(prefix="pipesched-torch-") as folder:
+        path = Path(folder) / "schedule.csv"
+        path.write_text(text, encoding="utf-8")
+        yield str(path)
+
+
 def load_runtime(schedule, stages: list, loss_fn):
     """torch's runtime for this rank's PipelineStages, loaded from the schedule's CSV."""
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
     runtime = _PipelineScheduleRuntime(stages, schedule.problem.num_microbatches, loss_fn=loss_fn, scale_grads=True)
-    with tempfile.TemporaryDirectory(prefix="pipesched-torch-") as folder:
-        path = Path(folder) / "schedule.csv"
-        path.write_text(export_csv(schedule))
-        runtime._load_csv(str(path), format="compute_only")
+    with csv_file(export_csv(schedule)) as path:
+        runtime._load_csv(path, format="compute_only")
     return runtime
 
 

@@ -92,3 +92,21 @@ def test_run_engine_torch_command_and_a_bad_engine(tmp_path):
     assert json.loads(ours.stdout)["losses"] == pytest.approx(summary["losses"], rel=1e-5)
     bad = runner.invoke(app, [*args, "megatron"])
     assert bad.exit_code == 2 and "engine: 'megatron' is not one of pipesched, torch" in bad.stderr
+
+
+def test_the_schedule_csv_torch_loads_is_never_a_file_in_the_temporary_folder(tmp_path, monkeypatch):
+    # A rank stopped by SIGKILL while loading (the launcher stops ranks so after Ctrl-C)
+    # left its pipesched-torch-* folder behind; the CSV now lives in memory only.
+    import tempfile
+
+    from runtime.torch_engine import csv_file
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    text = "0F0,0B0,0W0\n"
+    with csv_file(text) as path:
+        assert list(tmp_path.iterdir()) == []
+        with open(path, newline="") as read:
+            assert read.read() == text
+        with open(path, newline="") as read:  # torch may open it again: it reads from the start
+            assert read.read() == text
+    assert list(tmp_path.iterdir()) == []
