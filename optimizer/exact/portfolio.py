@@ -213,7 +213,7 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until)
     tried = set(ESSENTIAL)
     if _below_v_min(problem):
-        # Below V-Min's memory `paced` is 8-21% ahead of v-auto (the list scheduler's there)
+        # Below V-Min's memory `paced` is 7.6-21.3% ahead of v-auto (the list scheduler's there)
         # on Zero Bubble's settings, and quicker: it comes before them (in the families'
         # share a 5 s limit at p = 32 left it unbuilt, and `auto` 12-19% longer).
         found += _paced_first(problem, tracker, essential_until)

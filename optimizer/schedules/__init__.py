@@ -33,7 +33,7 @@ from optimizer.simulate import simulate
 # the order in which the solver builds its starting points: the automatic schedulers come
 # first, so that a short time limit, which cuts that phase off, still gets them, then
 # `paced`, which is quick and far ahead of them on the V placement below V-Min's memory
-# (8-21%: at the end of the list a 5 s limit at p = 32 cut it off, and `auto` returned 12-19%
+# (7.6-21.3%: at the end of the list a 5 s limit at p = 32 cut it off, and `auto` returned 12-19%
 # longer than it).
 GENERATORS: dict[str, Generator] = {
     module.GENERATOR.name: module.GENERATOR

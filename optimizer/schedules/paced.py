@@ -17,7 +17,7 @@ does not rely on it: whatever period it ends at, the orders it times fit.
 Where it helps: the V placement under tight memory, below V-Min's level, where each
 device's long-lived first chunk and short-lived second chunk pace well and the list
 scheduler's choices fill the memory unevenly. On Zero Bubble's settings on the V placement
-(benchmarks/below_vmin.py) it is 8-21% shorter than `greedy` and `v-auto` below V-Min's
+(benchmarks/below_vmin.py) it is 7.6-21.3% shorter than `greedy` and `v-auto` below V-Min's
 level; at V-Min's level and above `v-auto` is shorter. On one stage per device the list
 scheduler was as good or better in every case tried, so the family leaves that placement to
 it; on the interleaved placement it rarely wins but costs little.
