@@ -76,3 +76,27 @@ def test_a_curve_interrupted_before_its_first_limit_plots_without_warnings():
         warnings.simplefilter("error")
         text = pareto_svg(ParetoCurve(points=[], generators=[], time_limit=1.0, interrupted=True))
     assert text.startswith("<?xml")
+
+
+def test_each_limit_starts_from_the_schedules_of_the_tighter_limits_that_fit_it(monkeypatch):
+    # A looser limit could end with a longer schedule than a tighter one (the search's end
+    # point varies: 4 of 132 random curves); the tighter limits' schedules now start it, and
+    # `solve` never returns worse than a start that fits.
+    from optimizer.exact import frontier
+
+    given: dict[float, list[str]] = {}
+    real_solve = frontier.solve
+
+    def recording_solve(problem, method, options, on_progress=None, starts=()):
+        given[problem.memory_limit] = [name for name, _ in starts]
+        for _, schedule in starts:
+            assert schedule.problem.memory_limit == problem.memory_limit and schedule.fits_memory()
+        return real_solve(problem, method, options, on_progress, starts=starts)
+
+    monkeypatch.setattr(frontier, "solve", recording_solve)
+    curve = pareto(uniform_problem(4, 8), "2:4:1", SolveOptions(time_limit=0.5, threads=1))
+    assert given[2.0] == []
+    assert given[3.0] == ["point at limit 2"]
+    assert given[4.0] == ["point at limit 2", "point at limit 3"]
+    spans = [point.makespan for point in curve.points]
+    assert all(later <= earlier + 1e-9 for earlier, later in zip(spans, spans[1:]))

@@ -23,6 +23,7 @@ from optimizer.exact.options import Progress, SolveOptions
 from optimizer.exact.portfolio import GENERATOR_SHARE
 from optimizer.io import describe_validation_error
 from optimizer.problem import MAX_VALUE, Problem
+from optimizer.schedule import Schedule, fits_limits
 
 
 @dataclass
@@ -130,13 +131,16 @@ def pareto(
         if on_progress is not None:
             on_progress(progress)
 
+    solved: list[Schedule] = []
     for limit in values:
         try:
-            point = _solve_point(problem, limit, options, watch)
+            point, schedule = _solve_point(problem, limit, options, watch, solved)
         except KeyboardInterrupt:  # before this limit had any schedule: the points so far stand
             interrupted = True
             break
         points.append(point)
+        if schedule is not None:
+            solved.append(schedule)
         try:
             if on_point is not None:
                 on_point(point)
@@ -147,10 +151,29 @@ def pareto(
     return ParetoCurve(points, generators, options.time_limit, unlimited.to_json(), interrupted)
 
 
-def _solve_point(problem: Problem, limit: float, options: SolveOptions, on_progress: Callable[[Progress], None]) -> ParetoPoint:
+def _solve_point(
+    problem: Problem, limit: float, options: SolveOptions, on_progress: Callable[[Progress], None], solved: Sequence[Schedule]
+) -> tuple[ParetoPoint, Schedule | None]:
+    """The point at `limit`, and its schedule. The schedules of the limits solved before
+    that fit this one start its search: a looser limit then never gets a longer schedule
+    than a tighter one did (the search's end point varies; 4 of 132 random curves were
+    longer at a looser limit)."""
     try:
-        schedule = solve(_with_limit(problem, limit), "auto", options, on_progress)
+        limited = _with_limit(problem, limit)
+        starts = [
+            (f"point at limit {s.problem.memory_limit:g}", _retimed(limited, s))
+            for s in solved
+            if fits_limits(s.metrics.peak_memory, limited.tables().limit)
+        ]
+        schedule = solve(limited, "auto", options, on_progress, starts=starts)
     except PipeschedError as error:
-        return ParetoPoint(limit, False, note=str(error))
+        return ParetoPoint(limit, False, note=str(error)), None
     m = schedule.metrics
-    return ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
+    point = ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
+    return point, schedule
+
+
+def _retimed(problem: Problem, schedule: Schedule) -> Schedule:
+    """`schedule`'s order as a schedule of `problem` (the same problem under another limit:
+    the same times)."""
+    return Schedule(problem, schedule.method, schedule.devices)
