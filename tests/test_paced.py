@@ -13,7 +13,7 @@ from optimizer.exact import SolveOptions, solve
 from optimizer.problem import problem_from_json, uniform_problem
 from optimizer.schedule import orders_fit
 from optimizer.schedules import generate
-from optimizer.schedules.paced import BISECTION_TOLERANCE, PacedOrders, busiest_work, least_fitting_period, lone_offsets, scan_order
+from optimizer.schedules.paced import BISECTION_TOLERANCE, busiest_work, fitting_orders, lone_offsets, scan_order
 from optimizer.validate import validate
 
 PLACEMENTS = ("vshape", "interleaved:2", "interleaved:3")
@@ -63,9 +63,7 @@ def test_one_stage_per_device_is_left_to_the_list_scheduler():
 @pytest.mark.parametrize("limit", [4.0, 5.0, 6.0, 7.0])
 def test_the_least_period_fits_and_a_tolerance_less_does_not(limit):
     problem = tight_v(limit)
-    offsets = lone_offsets(problem)
-    orders_at = PacedOrders(problem, offsets)
-    least = least_fitting_period(problem, offsets, orders_at)
+    orders_at, least = fitting_orders(problem, lone_offsets(problem))
     assert orders_fit(problem, orders_at(least))
     assert not orders_fit(problem, orders_at(least - BISECTION_TOLERANCE * busiest_work(problem)))
 
@@ -137,3 +135,16 @@ def test_below_v_min_auto_builds_it_with_the_automatic_schedulers():
     # paced alone is 11% shorter than both here (3206.6 against 3615.4); `auto` without it
     # at 1 s was 2% shorter (its order search from the list scheduler's schedule).
     assert solved.fits_memory() and solved.makespan <= 0.95 * others
+
+
+@pytest.mark.parametrize("placement", ["vshape", "interleaved:2"])
+@pytest.mark.parametrize("times", [(1.0, 1.0, 0.3), (1e-6, 1e-6, 1e-6)])
+def test_a_b_that_allocates_fits_the_least_limit_of_split_backwards(placement, times):
+    # At the V's turn a W ends where the next B starts; with the B first, a B that
+    # allocates (held until its W) needed more than one microbatch alone needs, and the
+    # least limit of split backwards was refused.
+    f, b, w = times
+    base = uniform_problem(3, 6, f, b, w, placement=placement, mem_backward_input=0.4)
+    problem = problem_from_json({**base.to_json(), "memory_limit": max(base.split_memory_limit())})
+    schedule = generate(problem, "paced")
+    assert validate(problem, schedule.devices) == [] and schedule.fits_memory()

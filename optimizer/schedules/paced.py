@@ -3,7 +3,7 @@
 A lone microbatch (every device free for it) starts each op at the end of the chain of
 dependencies and transfers before it: those start times are the op classes' offsets. With
 a period P, op (kind, stage) of microbatch i is keyed offset + i·P and every device runs its
-ops in key order (ties by dependency depth). One key for all devices is a topological order
+ops in key order (ties by dependency depth, then kind). One key for all devices is a topological order
 of the whole problem, so the orders never deadlock.
 
 The period sets the memory: the longer it is, the fewer microbatches are in flight at once,
@@ -76,26 +76,33 @@ def lone_offsets(problem: Problem) -> dict[tuple[str, int], float]:
 
 
 class PacedOrders:
-    """Per-device orders for any period: each device's ops built once, sorted per period."""
+    """Per-device orders for any period: each device's ops built once, sorted per period.
 
-    def __init__(self, problem: Problem, offsets: dict[tuple[str, int], float]):
+    Ties (same key and depth: at the V's turn a W ends where the next B starts) go to the
+    B, which carries the chain on, or with `weights_first` to the W, which frees memory: a
+    B that allocates holds its memory until its W, and one microbatch alone then fits the
+    least limit of split backwards only with the W first."""
+
+    def __init__(self, problem: Problem, offsets: dict[tuple[str, int], float], weights_first: bool = False):
         depth = dependency_depths(problem.num_stages)
         device_of = problem.tables().device
         m = problem.num_microbatches
         microbatch = np.arange(m)
+        rank_of_kind = {"W": 0, "B": 1, "F": 2} if weights_first else {"B": 0, "W": 1, "F": 2}
         self._devices = []
         for device in range(problem.num_devices):
             classes = [(kind, stage) for (kind, stage) in offsets if device_of[stage] == device]
             ops = [Op(kind, stage, i) for kind, stage in classes for i in range(m)]
             base = np.repeat([offsets[c] for c in classes], m)
             depths = np.repeat([depth(Op(kind, stage, 0)) for kind, stage in classes], m)
-            self._devices.append((ops, base, depths, np.tile(microbatch, len(classes))))
+            kinds = np.repeat([rank_of_kind[kind] for kind, _ in classes], m)
+            self._devices.append((ops, base, depths, kinds, np.tile(microbatch, len(classes))))
 
     def __call__(self, period: float) -> Orders:
-        """Microbatch i's ops keyed by offset + i·period (ties: depth, then microbatch)."""
+        """Microbatch i's ops keyed by offset + i·period (ties: depth, kind, microbatch)."""
         orders = []
-        for ops, base, depths, microbatch in self._devices:
-            rank = np.lexsort((microbatch, depths, base + microbatch * period))
+        for ops, base, depths, kinds, microbatch in self._devices:
+            rank = np.lexsort((microbatch, kinds, depths, base + microbatch * period))
             orders.append([ops[k] for k in rank])
         return orders
 
@@ -109,18 +116,24 @@ def busiest_work(problem: Problem) -> float:
     return max(work)
 
 
-def least_fitting_period(problem: Problem, offsets: dict[tuple[str, int], float], orders_at: PacedOrders) -> float:
-    """The least period (to BISECTION_TOLERANCE of the busiest device's work per microbatch) whose orders
-    fit the memory limit; InfeasibleError when microbatches one after another do not."""
+def fitting_orders(problem: Problem, offsets: dict[tuple[str, int], float]) -> tuple[PacedOrders, float]:
+    """The orders (B's first at ties, else W's) and their least period (to
+    BISECTION_TOLERANCE of the busiest device's work per microbatch) that fit the memory
+    limit; InfeasibleError when microbatches one after another do not fit either way."""
     tables = problem.tables()
     sequential = max(offsets[(kind, stage)] + op_duration(tables, kind, stage) for kind, stage in offsets)
+    for weights_first in (False, True):
+        orders_at = PacedOrders(problem, offsets, weights_first)
+        if orders_fit(problem, orders_at(sequential)):
+            return orders_at, least_fitting_period(problem, orders_at, sequential)
+    check_split_memory(problem)
+    raise InfeasibleError("memory_limit: one microbatch after another does not fit the limit with its backwards split; try --method auto")
+
+
+def least_fitting_period(problem: Problem, orders_at: PacedOrders, sequential: float) -> float:
+    """The least period whose orders fit, given that the `sequential` one does."""
     if orders_fit(problem, orders_at(0.0)):
         return 0.0
-    if not orders_fit(problem, orders_at(sequential)):
-        check_split_memory(problem)
-        raise InfeasibleError(
-            "memory_limit: one microbatch after another does not fit the limit with its backwards split; try --method auto"
-        )
     low, high = 0.0, sequential
     tolerance = BISECTION_TOLERANCE * busiest_work(problem)
     while high - low > tolerance:
@@ -149,9 +162,7 @@ def paced(problem: Problem, deadline: float | None = None, keep: Keep | None = N
     """The shortest of the fitting periods' orders (by makespan, then the longest device
     span); with a `deadline` the periods not timed by then are left out, and `keep` hears
     each shorter result."""
-    offsets = lone_offsets(problem)
-    orders_at = PacedOrders(problem, offsets)
-    least = least_fitting_period(problem, offsets, orders_at)
+    orders_at, least = fitting_orders(problem, lone_offsets(problem))
     step = SCAN_STEP * busiest_work(problem)
     best: tuple[float, float] = (math.inf, math.inf)
     best_orders: Orders | None = None
