@@ -148,3 +148,11 @@ def test_a_b_that_allocates_fits_the_least_limit_of_split_backwards(placement, t
     problem = problem_from_json({**base.to_json(), "memory_limit": max(base.split_memory_limit())})
     schedule = generate(problem, "paced")
     assert validate(problem, schedule.devices) == [] and schedule.fits_memory()
+
+
+def test_the_bisection_ends_where_the_tolerance_is_below_the_floats_spacing():
+    # Ops of 1e-9 and transfers of 1e6: a tolerance of 1% of the work (6e-11) at periods
+    # near 1e7, where neighbouring floats are 2e-9 apart; the bisection never ended.
+    problem = uniform_problem(4, 8, 1e-9, 1e-9, 1e-9, comm_time=1e6, placement="vshape", memory_limit=2.5)
+    schedule = generate(problem, "paced")
+    assert validate(problem, schedule.devices) == [] and schedule.fits_memory()

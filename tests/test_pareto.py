@@ -7,7 +7,7 @@ import json
 import pytest
 
 from optimizer.errors import InputError
-from optimizer.exact import SolveOptions, pareto, parse_limits, plot_pareto
+from optimizer.exact import SolveOptions, pareto, parse_limits, plot_pareto, solve
 from optimizer.problem import uniform_problem
 
 pytestmark = [pytest.mark.solver, pytest.mark.slow]
@@ -19,6 +19,8 @@ def test_parse_limits():
     assert parse_limits("0.1:0.5:0.1") == [0.1, 0.2, 0.3, 0.4, 0.5]
     # Significant digits, not decimals: tiny limits stay the ones asked for.
     assert parse_limits("2e-13:8e-13:2e-13") == [2e-13, 4e-13, 6e-13, 8e-13]
+    # HIGH reached but for a rounding (3.9999999979 steps) is kept.
+    assert parse_limits("3:3.0000004:0.0000001") == [3.0, 3.0000001, 3.0000002, 3.0000003, 3.0000004]
     for bad in ("1:2", "a:b:c", "3:1:1", "1:2:0", "0:2:1"):
         with pytest.raises(InputError):
             parse_limits(bad)
@@ -96,7 +98,22 @@ def test_each_limit_starts_from_the_schedules_of_the_tighter_limits_that_fit_it(
     monkeypatch.setattr(frontier, "solve", recording_solve)
     curve = pareto(uniform_problem(4, 8), "2:4:1", SolveOptions(time_limit=0.5, threads=1))
     assert given[2.0] == []
-    assert given[3.0] == ["point at limit 2"]
+    assert given[3.0] == ["point at limit 2"]  # limits named to 12 digits, as parsed
     assert given[4.0] == ["point at limit 2", "point at limit 3"]
     spans = [point.makespan for point in curve.points]
     assert all(later <= earlier + 1e-9 for earlier, later in zip(spans, spans[1:]))
+
+
+def test_a_start_does_not_keep_the_fallback_families_out():
+    # With a start that fits, the hand-made low-memory families (built when no known
+    # schedule fits in time) were skipped: a pareto point at 0.1 s kept the tighter limit's
+    # 278 where V-Min's schedule, 219, fits.
+    from optimizer.schedules import generate
+
+    problem = uniform_problem(8, 32, placement="vshape", memory_limit=8.0)
+    v_min = generate(problem, "v-min")
+    assert v_min.fits_memory()
+    poor = generate(uniform_problem(8, 32, placement="vshape", memory_limit=8.0), "paced")
+    assert poor.makespan > v_min.makespan  # the start is the worse of the two here
+    solved = solve(problem, "auto", SolveOptions(time_limit=0.1, threads=1), starts=[("poor", poor)])
+    assert solved.makespan <= v_min.makespan + 1e-9

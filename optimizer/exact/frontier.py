@@ -83,7 +83,11 @@ def parse_limits(text: str) -> list[float]:
         raise InputError(f"limits: '{text}' needs 0 < LOW <= HIGH and STEP > 0")
     if stop > MAX_VALUE:
         raise InputError(f"limits: '{text}' goes above {MAX_VALUE:g}, the largest memory value pipesched takes")
-    steps = (stop - start) / step + 1e-9
+    steps = (stop - start) / step
+    # HIGH counts when the steps reach it but for a rounding: 3:3.0000004:0.0000001 is
+    # 3.9999999996 steps, and HIGH was dropped.
+    if abs(steps - round(steps)) < 1e-6:
+        steps = round(steps)
     if steps >= 1000:
         raise InputError(f"limits: '{text}' gives more than 1000 limits; use a larger STEP")
     count = int(steps) + 1
@@ -161,7 +165,7 @@ def _solve_point(
     try:
         limited = _with_limit(problem, limit)
         starts = [
-            (f"point at limit {s.problem.memory_limit:g}", _retimed(limited, s))
+            (f"point at limit {s.problem.memory_limit:.12g}", _retimed(limited, s))
             for s in solved
             if fits_limits(s.metrics.peak_memory, limited.tables().limit)
         ]

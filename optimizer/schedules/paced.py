@@ -52,6 +52,7 @@ SCAN_OPS = 400_000
 MIN_SCAN_STEPS = 4
 # The bisection stops when its bracket is this share of that work.
 BISECTION_TOLERANCE = 1e-2
+BISECTION_STEPS = 64
 
 
 def lone_offsets(problem: Problem) -> dict[tuple[str, int], float]:
@@ -136,7 +137,12 @@ def least_fitting_period(problem: Problem, orders_at: PacedOrders, sequential: f
         return 0.0
     low, high = 0.0, sequential
     tolerance = BISECTION_TOLERANCE * busiest_work(problem)
-    while high - low > tolerance:
+    # At most BISECTION_STEPS halvings: where the chain is 1e15 times the work (transfers of
+    # 1e6 against ops of 1e-9) the tolerance lies below the floats' spacing at `high`, and
+    # the bracket never shrank to it.
+    for _ in range(BISECTION_STEPS):
+        if high - low <= tolerance:
+            break
         middle = (low + high) / 2
         if orders_fit(problem, orders_at(middle)):
             high = middle
