@@ -141,13 +141,14 @@ ESSENTIAL = AUTOMATIC_SCHEDULERS + TORCH_BUILT_INS
 # V-Min's memory and 1 s they take 0.35 s (V-Half's, over the limit) and 0.65 s (V-Min's:
 # 9354.2 ms) where the first list policy took 1.4-2.2 s for 11559.5 ms.
 FALLBACK_FAMILIES = ("v-half", "v-min")
-# The family that runs with the automatic schedulers where V-Min does not fit (`_below_v_min`).
-PACED_BELOW_V_MIN = "paced"
 # Their peak memory is the same from p microbatches up (measured at p = 4 to 32, m = p to
 # 8p): one built on p microbatches first says whether the whole build can fit. Where
 # neither fits (p = 32, m = 256 on the V placement at a limit of 20 uniform activations)
 # the two whole builds took 2.2 s of a 5 s limit before the list scheduler's fallback,
 # the two on p microbatches 0.5 s.
+# The family built before the automatic schedulers where V-Min's schedule does not fit
+# (`_below_v_min`).
+PACED_BELOW_V_MIN = "paced"
 AUTOMATIC_SHARE = 0.9
 # The automatic schedulers take about this long per op, built and timed (v-auto at
 # p = 32, m = 256 on the V placement: 2.5 s and 0.2 s for 49k ops on 2 cores).
