@@ -826,10 +826,12 @@ def compare(
     from optimizer.starts import load_start
 
     loaded = load_problem(problem_file)
-    if with_torch and loaded.num_slices > 1:
-        raise InputError(f"--torch: torch.distributed.pipelining's schedules have no token slices ({problem_file} has {loaded.num_slices})")
-    if with_torch and loaded.vocab_parallel is not None:
-        raise InputError(f"--torch: torch.distributed.pipelining's schedules have no vocabulary passes ({problem_file} has vocab_parallel)")
+    if with_torch:
+        from runtime.torch_orders import beyond_torch
+
+        missing = beyond_torch(loaded, str(problem_file))
+        if missing is not None:
+            raise InputError(f"--torch: torch.distributed.pipelining's schedules have {missing}")
     given = {str(path): load_start(path, loaded, option="--schedule").schedule for path in schedules}
     rows = torch_comparison_rows(loaded, given) if with_torch else comparison_rows(loaded, given)
     if as_json:

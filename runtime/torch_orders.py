@@ -62,15 +62,24 @@ def builtin_order_rows(problem: Problem, class_name: str) -> list[list[str]]:
     return [[str(action) for action in order[rank] if action is not None] for rank in range(problem.num_devices)]
 
 
+def beyond_torch(problem: Problem, named: str = "the problem") -> str | None:
+    """What the problem (`named` so) has that no torch schedule can hold ("no token slices
+    (...)"), or None."""
+    if problem.vocab_parallel is not None:
+        return f"no vocabulary passes ({named} has vocab_parallel)"
+    if problem.num_slices > 1:
+        return f"no token slices ({named} has {problem.num_slices} per microbatch)"
+    return None
+
+
 def builtin_schedule(problem: Problem, class_name: str) -> Schedule:
     """torch's built-in order timed on the problem; PipeschedError with the reason when it
     does not apply (placement, sizes) or breaks a rule (named as torch's)."""
     wanted = BUILTIN[class_name]
     # What torch's orders cannot hold at all, said as such (not as an invalid order).
-    if problem.vocab_parallel is not None:
-        raise PipeschedError("torch's schedules have no vocabulary passes (the problem has vocab_parallel)")
-    if problem.num_slices > 1:
-        raise PipeschedError(f"torch's schedules have no token slices (the problem has {problem.num_slices} per microbatch)")
+    missing = beyond_torch(problem)
+    if missing is not None:
+        raise PipeschedError(f"torch's schedules have {missing}")
     layout = torchtitan_layout(problem)
     if wanted == "single" and not (layout == "loop" and problem.num_stages == problem.num_devices):
         raise PipeschedError(f"needs the linear placement, got {problem.placement()}")
