@@ -48,6 +48,7 @@ from optimizer.ops import SPLIT_KINDS
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import generate
+from optimizer.schedules.paced import busiest_work
 from optimizer.simulate import simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -67,14 +68,6 @@ def cases() -> list[tuple[str, Problem]]:
         ("14.6B-p16-m48 V-Half (9)", published_problem(large, 9.0, "vshape")),
         ("grid p16-m64 uniform V-Min (6)", build_problem(Case(16, 64, "uniform", "vshape", "vmin"))),
     ]
-
-
-def busiest_work(problem: Problem) -> float:
-    t = problem.tables()
-    work = [0.0] * problem.num_devices
-    for s in range(problem.num_stages):
-        work[t.device[s]] += t.forward[s] + t.backward_input[s] + t.backward_weight[s]
-    return max(work)
 
 
 def steady_period(schedule: Schedule) -> float:

@@ -164,10 +164,11 @@ def _solve_point(
     longer at a looser limit)."""
     try:
         limited = _with_limit(problem, limit)
+        limits = limited.tables().limit
         starts = [
             (f"point at limit {s.problem.memory_limit:.12g}", _retimed(limited, s))
             for s in solved
-            if fits_limits(s.metrics.peak_memory, limited.tables().limit)
+            if fits_limits(s.metrics.peak_memory, limits)
         ]
         schedule = solve(limited, "auto", options, on_progress, starts=starts)
     except PipeschedError as error:

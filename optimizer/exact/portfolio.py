@@ -258,32 +258,33 @@ def _paced_first(problem: Problem, tracker: Tracker, until: float) -> list[Candi
 
 
 def _below_v_min(problem: Problem) -> bool:
-    """On the V placement, whether V-Min's schedule is over the memory limit (built on at
-    most p microbatches: its peak is the same from p up, see FALLBACK_FAMILIES)."""
-    generator = GENERATORS["v-min"]
-    if problem.placement() != "vshape" or generator.reason(problem) is not None:
-        return False
-    fewer = stretch.fewer_microbatches(problem.without_vocab(), min(problem.num_devices, problem.num_microbatches))
-    try:
-        return not orders_fit(fewer, generator.build(fewer))
-    except PipeschedError:
-        return False
+    """On the V placement, whether V-Min's schedule is over the memory limit."""
+    return problem.placement() == "vshape" and _fits_on_fewer(problem, "v-min") is False
 
 
 def _fallback_may_fit(problem: Problem, name: str) -> bool:
     """Whether a fallback family built on p microbatches fits the limit (see
     FALLBACK_FAMILIES); True where it does not apply or has no fewer microbatches to try."""
-    generator = GENERATORS[name]
-    if problem.num_microbatches <= problem.num_devices or generator.reason(problem) is not None:
+    if problem.num_microbatches <= problem.num_devices:
         return True
-    # Without vocabulary passes, whose weaving costs as much on p microbatches as the whole
-    # build (4.5 s at p = 32, m = 192): they only add memory, so an order over the limit
-    # without them is over it with them.
-    fewer = stretch.fewer_microbatches(problem.without_vocab(), problem.num_devices)
+    return _fits_on_fewer(problem, name) is not False
+
+
+def _fits_on_fewer(problem: Problem, name: str) -> bool | None:
+    """Whether family `name` built on at most p microbatches fits the limit (its peak is the
+    same from p up, see FALLBACK_FAMILIES); None where it does not apply or refuses them.
+
+    Without vocabulary passes, whose weaving costs as much on p microbatches as the whole
+    build (4.5 s at p = 32, m = 192): they only add memory, so an order over the limit
+    without them is over it with them."""
+    generator = GENERATORS[name]
+    if generator.reason(problem) is not None:
+        return None
+    fewer = stretch.fewer_microbatches(problem.without_vocab(), min(problem.num_devices, problem.num_microbatches))
     try:
         return orders_fit(fewer, generator.build(fewer))
-    except PipeschedError:  # the family refuses the smaller problem: try the whole one
-        return True
+    except PipeschedError:
+        return None
 
 
 def _generators(

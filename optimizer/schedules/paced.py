@@ -172,8 +172,7 @@ def paced(problem: Problem, deadline: float | None = None, keep: Keep | None = N
     step = SCAN_STEP * busiest_work(problem)
     best: tuple[float, float] = (math.inf, math.inf)
     best_orders: Orders | None = None
-    ops = 3 * problem.num_stages * problem.num_microbatches
-    periods = max(MIN_SCAN_STEPS, min(SCAN_STEPS, SCAN_OPS // ops)) + 1
+    periods = max(MIN_SCAN_STEPS, min(SCAN_STEPS, SCAN_OPS // problem.num_ops)) + 1
     for k in itertools.islice(scan_order(SCAN_STEPS), periods):
         if best_orders is not None and deadline is not None and time.monotonic() >= deadline:
             break
