@@ -443,6 +443,38 @@ def test_an_automatic_scheduler_still_building_at_its_deadline_gives_its_best_so
     assert told == [True]
 
 
+def test_essential_builds_share_their_time_so_that_one_does_not_take_the_others(monkeypatch):
+    """A build that stops where it is told (an automatic scheduler, the weaving of
+    vocabulary passes: 0.3 s per torch family at p = 8, m = 80) is told to end within an
+    even share of the time left, counting the builds a later call makes: on a loaded
+    machine GPipe and 1F1B took all of it, ZB-H1 was not built and `auto` was 4% longer."""
+    problem = uniform_problem(4, 8, 1.0, 1.0, 0.6, memory_limit=4.0)
+    names = ("gpipe", "1f1b", "zb-h1")
+    told: dict[str, float] = {}
+
+    def using_all_its_time(generator):
+        def build_by(problem, deadline, keep, abandoned):
+            told[generator.name] = deadline
+            while time.monotonic() < deadline:
+                time.sleep(0.005)
+            return generator.build(problem)
+
+        return dataclasses.replace(generator, build_by=build_by)
+
+    generators = [using_all_its_time(GENERATORS[name]) for name in names]
+    monkeypatch.setattr(incumbents, "applicable", lambda problem: generators)
+    began = time.monotonic()
+    until = began + 1.2
+    found, failed = generator_candidates(problem, essential=names, essential_deadline=until, which=names.__contains__, essential_after=1)
+    assert [c.name for c in found] == list(names) and not failed
+    # Each of the 3 (and the 1 after them) was given an even share of what was left when it
+    # began: 0.3 s, then 0.3 s of 0.9 s, then 0.3 s of 0.6 s (less its timing reserve).
+    ends = [told[name] - began for name in names]
+    for expected, end in zip((0.3, 0.6, 0.9), ends):
+        assert expected - 0.05 < end < expected + 0.05  # a sleep's wake-up slop on a loaded machine
+    assert time.monotonic() < until
+
+
 @pytest.mark.slow
 def test_v_auto_ends_at_its_next_step_once_abandoned_and_is_unchanged_while_awaited():
     problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")

@@ -211,7 +211,8 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     # against 9338.6 and 7937.5, and its thread, left running, slowed the rest.)
     essential_until = tracker.began + AUTOMATIC_SHARE * tracker.time_limit
     families_until = min(essential_until, time.monotonic() + GENERATOR_SHARE * tracker.left())
-    found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until)
+    automatic = [name for name in AUTOMATIC_SCHEDULERS if GENERATORS[name].reason(problem) is None]
+    found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until, len(automatic))
     tried = set(ESSENTIAL)
     if _below_v_min(problem):
         # Below V-Min's memory `paced` is 7.6-21.3% ahead of v-auto (the list scheduler's there)
@@ -219,7 +220,7 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
         # share a 5 s limit at p = 32 left it unbuilt, and `auto` 12-19% longer).
         found += _paced_first(problem, tracker, essential_until)
         tried.add(PACED_BELOW_V_MIN)
-    found += _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS, families_until, essential_until)
+    found += _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS, families_until, essential_until, 0)
     for name in FALLBACK_FAMILIES:
         # A start of the user's (or pareto's, from a tighter limit) is no reason to skip
         # them: at 0.1 s a pareto point kept its start's 278 where V-Min's 219 fit.
@@ -288,13 +289,19 @@ def _fits_on_fewer(problem: Problem, name: str) -> bool | None:
 
 
 def _generators(
-    problem: Problem, tracker: Tracker, which: Callable[[str], bool], until: float | None, essential_until: float | None
+    problem: Problem,
+    tracker: Tracker,
+    which: Callable[[str], bool],
+    until: float | None,
+    essential_until: float | None,
+    essential_after: int | None = None,
 ) -> list[Candidate]:
     found, _ = generator_candidates(
         problem,
         deadline=until,
         essential=ESSENTIAL,
         essential_deadline=essential_until,
+        essential_after=essential_after,
         which=which,
         # `auto` never returns a schedule over the limit, so one is not timed: that saves
         # 0.2-0.7 s a family at p = 32, m = 256 (torch's three built-ins on the V placement at
