@@ -62,7 +62,7 @@ def generator_candidates(
     which: Callable[[str], bool] | None = None,
     as_published: bool = False,
     fitting_only: bool = False,
-    essential_after: int | None = None,
+    essential_after: int = 0,
 ) -> tuple[list[Candidate], dict[str, str]]:
     """Every applicable generator's schedule (those `which` selects by name, when given),
     canonical (or, with `as_published`, the family's own orders) and timed; plus the ones
@@ -73,19 +73,25 @@ def generator_candidates(
     With a `deadline` (time.monotonic()), a generator still running then is given up
     (its thread is left to finish on its own) so that the solver keeps its time limit;
     an automatic scheduler's best orders found by then stand in for its result.
-    The generators named in `essential` may run until `essential_deadline` instead. With
-    `essential_after` (the number of essential builds a later call will make against the
-    same deadline) each is asked to end its build, where it can (an automatic scheduler's
-    search, the weaving of vocabulary passes), within an even share of the time left.
+    The generators named in `essential` may run until `essential_deadline` instead.
+
+    Vocabulary passes are woven in several ways, each a list-scheduling run, and a build
+    stops weaving at the first way that fits once its share of the time is out: an even
+    share of what is left to the builds still to come against the same deadline (the
+    essential ones counting `essential_after` more that a later call will make). Without
+    the share the first families built wove until the deadline and the later ones, quicker
+    or shorter, were not built: with passes every family weaves for 0.1-0.5 s at p = 4-8,
+    m = 16-80, and on a loaded machine `auto` at 1 s returned GPipe's 651.1 where ZB-H1
+    gives 625; V-Half's 108.55, built in 0.5 s, was left out for 112.15.
     """
     found, failed = [], {}
     chosen = [g for g in applicable(problem) if which is None or which(g.name)]
-    essential_left = sum(g.name in essential for g in chosen) + (essential_after or 0)
-    for generator in chosen:
-        is_essential = generator.name in essential and essential_deadline is not None
+    essentials = [essential_deadline is not None and g.name in essential for g in chosen]
+    left = {True: sum(essentials) + essential_after, False: len(chosen) - sum(essentials)}
+    for generator, is_essential in zip(chosen, essentials):
         own_deadline = essential_deadline if is_essential else deadline
-        share = essential_left if is_essential and essential_after is not None else 1
-        essential_left -= is_essential
+        share = left[is_essential]
+        left[is_essential] -= 1
         # Not started at all once its time is out, nor (unless essential) once what is left
         # would not even time its orders: a thread given up keeps running and slows the
         # solver down (GIL; at p = 256, m = 39 with vocabulary passes a layers file's splits
@@ -95,27 +101,23 @@ def generator_candidates(
         if own_deadline is not None and now >= own_deadline - reserve:
             failed[generator.name] = "not run: the solver's time for known schedules had run out"
             continue
-        wrap_up = own_deadline
-        if is_essential and own_deadline is not None:
-            # Where a build can stop early, one of them must not take the whole time of
-            # the others: with vocabulary passes every torch family weaves for 0.3 s at
-            # p = 8, m = 80, and on a loaded machine GPipe and 1F1B took the time of ZB-H1,
-            # the shortest, and `auto` at 1 s gave 651.1 where ZB-H1 gives 625.
-            wrap_up = now + (own_deadline - now) / max(1, share)
+        weave_by = None if own_deadline is None else now + (own_deadline - now) / max(1, share)
         outcome: dict[str, Any] = {}  # "orders" (a generator's orders) or "error" (its message)
         done = threading.Event()
         given_up = threading.Event()  # set once this stops waiting: the build may end then
 
-        def build(generator=generator, outcome=outcome, done=done, wrap_up=wrap_up, given_up=given_up) -> None:
+        def build(generator=generator, outcome=outcome, done=done, own_deadline=own_deadline, weave_by=weave_by, given_up=given_up) -> None:
+            timing = _TIMING_SECONDS_PER_OP * problem.num_ops
             try:
-                if wrap_up is None:
+                if own_deadline is None or weave_by is None:
                     outcome["orders"] = generator.build(problem)
                 else:  # the time that timing its orders will take is kept out of the build's
                     outcome["orders"] = generator.build_within(
                         problem,
-                        wrap_up - _TIMING_SECONDS_PER_OP * problem.num_ops,
+                        own_deadline - timing,
                         keep=lambda orders: outcome.__setitem__("so_far", orders),
                         abandoned=given_up.is_set,
+                        weave_by=weave_by - timing,
                     )
             except Exception as error:  # a broken family must not stop the solver; it is reported
                 outcome["error"] = f"{error.__class__.__name__}: {error}"

@@ -49,23 +49,32 @@ class Generator:
     def __post_init__(self) -> None:
         object.__setattr__(self, "build", _with_vocab_passes(self.build, within_limit=self.within_limit))
 
-    def build_within(self, problem: Problem, deadline: float, keep: Keep | None = None, abandoned: Abandoned | None = None) -> Orders:
+    def build_within(
+        self,
+        problem: Problem,
+        deadline: float,
+        keep: Keep | None = None,
+        abandoned: Abandoned | None = None,
+        weave_by: float | None = None,
+    ) -> Orders:
         """The family's orders, from the build that stops at `deadline` where it has one
-        (and weaving vocabulary passes the first way that fits once it has passed). `keep`
-        hears the best orders so far of a build that has a deadline (not where vocabulary
-        passes are still to be woven in: those orders would lack them); once `abandoned()`
-        is true the build may end at once (in a thread nobody waits for any more)."""
+        (and weaving vocabulary passes the first way that fits once `weave_by`, by default
+        `deadline`, has passed). `keep` hears the best orders so far of a build that has a
+        deadline (not where vocabulary passes are still to be woven in: those orders would
+        lack them); once `abandoned()` is true the build may end at once (in a thread nobody
+        waits for any more)."""
+        weave_deadline = deadline if weave_by is None else weave_by
         build_by = self.build_by
         if build_by is None:
             # `build` weaves passes itself, but on the problem without them it builds plainly.
-            return _with_vocab_passes(self.build, deadline, within_limit=self.within_limit)(problem)
+            return _with_vocab_passes(self.build, weave_deadline, within_limit=self.within_limit)(problem)
         if problem.vocab_parallel is not None:
             keep = None
 
         def plain_build(plain: Problem) -> Orders:
             return build_by(plain, deadline, keep, abandoned)
 
-        return _with_vocab_passes(plain_build, deadline, within_limit=self.within_limit)(problem)
+        return _with_vocab_passes(plain_build, weave_deadline, within_limit=self.within_limit)(problem)
 
     def reason(self, problem: Problem) -> str | None:
         """Why the family does not apply to `problem` (None: it does), slices included."""
