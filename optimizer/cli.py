@@ -31,7 +31,7 @@ from optimizer.formats.choose import choose_format, refuse_other_format
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.interrupts import interrupts_deferred, terminations_as_interrupts
 from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs, writes_stdout
-from optimizer.problem import MAX_VALUE, Problem, load_problem, problem_from_json, uniform_problem
+from optimizer.problem import MAX_VALUE, Problem, load_problem, problem_from_json, tolerant, uniform_problem
 from optimizer.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -739,7 +739,7 @@ def _memory_overflow(schedule: Schedule) -> str:
     return "; ".join(
         f"device {d} needs {peak:.4g} > {limit:.4g}"
         for d, (peak, limit) in enumerate(zip(schedule.metrics.peak_memory, limits))
-        if peak > limit * (1 + 1e-9)
+        if peak > tolerant(limit)
     )
 
 

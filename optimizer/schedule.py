@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from optimizer.errors import ScheduleError
 from optimizer.ops import ALLOCATE_AT_START, KINDS, Op, TimedOp, op_duration, op_memory
-from optimizer.problem import Problem, Tables
+from optimizer.problem import Problem, Tables, tolerant
 
 # Names other modules have long imported from here.
 __all__ = [
@@ -61,8 +61,8 @@ def longest_span(devices: Sequence[Sequence[TimedOp]]) -> float:
 
 
 def fits_limits(peaks: Sequence[float], limits: Sequence[float]) -> bool:
-    """Whether every device's peak is within its limit (relative slack 1e-9: peaks are float sums)."""
-    return all(peak <= limit * (1 + 1e-9) for peak, limit in zip(peaks, limits))
+    """Whether every device's peak is within its limit (optimizer.problem.MEMORY_SLACK)."""
+    return all(peak <= tolerant(limit) for peak, limit in zip(peaks, limits))
 
 
 def orders_fit(problem: Problem, orders: Order) -> bool:

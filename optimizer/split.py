@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from optimizer.errors import InfeasibleError, InputError
 from optimizer.io import validate_model
 from optimizer.layers import LayersProfile
-from optimizer.problem import Problem, placement_devices
+from optimizer.problem import Problem, placement_devices, tolerant
 from optimizer.vocab_layers import VocabSharding
 
 Split = tuple[int, ...]
@@ -137,7 +137,7 @@ def split_problem(
     held = fixed_memory(profile, placement, split, vocab)
     need = [h + least for h, least in zip(held, unlimited.min_memory_limit())]
     worst = max(range(placement.num_devices), key=lambda d: need[d])
-    if need[worst] > memory_limit * (1 + 1e-9):
+    if need[worst] > tolerant(memory_limit):
         raise SplitInfeasible(
             f"memory_limit: device {worst} needs {need[worst]:g} ({held[worst]:g} of parameters and one "
             f"microbatch's activations), more than {memory_limit:g}",

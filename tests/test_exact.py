@@ -577,3 +577,36 @@ def test_relaxed_memory_rounds_every_delta_down_and_the_limit_up():
     assert all(limit is not None and limit >= 2.076 * scale for limit in relaxed.limit)
     assert conservative.bound_to_time(1000, "makespan", 3) == 0.0  # no claim from a stricter model
     assert relaxed.bound_to_time(1000, "makespan", 3) == 1000 / relaxed.time_scale
+
+
+def _allocating_w_v_problem(memory_limit: float) -> Problem:
+    # F +1, B -1.5, W +0.5 per stage: on a grid of half units, limit 2 holds 4 of them.
+    return uniform_problem(3, 4, placement="vshape", mem_backward_input=-1.5, mem_backward_weight=0.5, memory_limit=memory_limit)
+
+
+def test_the_models_accept_every_peak_the_checks_accept():
+    """A peak of 2 fits a limit of 1.999999999 (relative slack 1e-9, Schedule.fits_memory),
+    so the integer models must accept it too: with the exact limit rounded down onto the
+    grid (3 half units instead of 4) CP-SAT's optimum was 41 where 35 fits."""
+    exact, below = _allocating_w_v_problem(2.0), _allocating_w_v_problem(1.999999999)
+    assert integer_tables(below).limit == integer_tables(exact).limit
+    assert integer_tables(below, relax_memory=True).limit == integer_tables(exact, relax_memory=True).limit
+    options = SolveOptions(time_limit=20.0, threads=1)
+    on_grid = solve(exact, "cpsat", options)
+    slack = solve(below, "cpsat", options)
+    assert on_grid.metrics.status == slack.metrics.status == "optimal"
+    assert slack.makespan == pytest.approx(on_grid.makespan)
+    assert slack.fits_memory() and validate(below, slack.devices) == []
+
+
+def test_no_bound_exceeds_a_schedule_that_fits_within_the_slack():
+    """The bounds relax the limit the checks use, so none exceeds the makespan of an order
+    whose peak lies within the slack above the limit."""
+    exact, below = _allocating_w_v_problem(2.0), _allocating_w_v_problem(1.999999999)
+    best = solve(exact, "cpsat", SolveOptions(time_limit=20.0, threads=1))
+    assert best.metrics.status == "optimal"
+    same_order = simulate(below, best.order())
+    assert same_order.fits_memory() and validate(below, same_order.devices) == []
+    found = solve(below, "auto", SolveOptions(time_limit=20.0, threads=1))
+    assert found.metrics.lower_bound <= same_order.makespan * (1 + 1e-9)
+    assert found.makespan <= same_order.makespan * (1 + 1e-9)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from optimizer.exact.reservation import lags
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 
 # Stage-microbatch cells the span bound may spend on per-device passes (about 0.5 s):
 # every device up to p = 16, m = 64; the busiest few at p = 32, m = 256.
@@ -208,7 +208,7 @@ def _memory_release(t, started: list[tuple[int, int]], i: int, free_end: dict[st
     piece held is non-negative), so the frees of those microbatches (`free_end`: their
     earliest ends; microbatch i has freed nothing yet) must cover what exceeds the limit.
     """
-    limit = t.limit[t.device[started[0][0]]]
+    limit = tolerant(t.limit[t.device[started[0][0]]])
     allocated = sum(count * t.mem_forward[s] for s, count in started)
     needed = allocated - limit
     if needed <= 1e-12 * max(1.0, limit):
@@ -548,7 +548,7 @@ def drain_idle(problem: Problem, device: int, tail: dict[str, list[list[float]]]
     origin = min(stages)
     chain = dur["F"][origin] + tail["F"][origin][m - 1]
     own = sum(dur[k][s] for s in stages for k in ("F", "B", "W"))
-    limit = t.limit[device]
+    limit = tolerant(t.limit[device])
     capacity = math.inf if math.isinf(limit) else limit - t.mem_forward[origin]
     pending = most_pending_work(_pending_states(problem, device), capacity, m - 1) if m > 1 else 0.0
     return max(0.0, chain - own - pending)
@@ -575,7 +575,7 @@ def warm_up_idle(problem: Problem, device: int, head: dict[str, list[list[float]
             work = min(dur["F"][s], until - head["F"][s][i])
             if work > 0:
                 items.append((work, t.mem_forward[s]))
-    room = t.limit[device]
+    room = tolerant(t.limit[device])
     fits = 0.0
     for work, memory in sorted(items, key=lambda wm: -wm[0] / wm[1] if wm[1] > 0 else -math.inf):
         if memory <= 0:

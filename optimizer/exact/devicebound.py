@@ -50,7 +50,7 @@ from optimizer.exact.bounds import device_tails, heads, jackson_preemptive, tail
 from optimizer.exact.cpsat import run_cpsat
 from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.ops import TimedOp
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 
 KINDS = ("F", "B", "W")
 MEMORY_UNITS = 10**6  # memory grid of the relaxation (rounded in its favour, see above)
@@ -216,7 +216,7 @@ def _memory_pieces(problem: Problem) -> tuple[dict[str, list[int]] | None, list[
     memory in the relaxation, still a relaxation) when some B or W allocates.
     """
     t = problem.tables()
-    limits = [None if math.isinf(v) else math.ceil(v * MEMORY_UNITS - 1e-6) for v in t.limit]
+    limits = [None if math.isinf(v) else math.ceil(tolerant(v) * MEMORY_UNITS - 1e-6) for v in t.limit]
     if any(v > 0 for v in t.mem_backward_input + t.mem_backward_weight):
         return None, limits
     # 1e-6 of a unit absorbs float noise of exact decimals (0.63 * 1e6 = 629999.9999...).

@@ -64,7 +64,7 @@ from optimizer.exact.bounds import _links, device_tails, heads
 from optimizer.interrupts import interrupts_deferred
 from optimizer.lifeline import end_with
 from optimizer.ops import fusing_can_win
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 from optimizer.schedule import Schedule
 
 # Grid steps over the span being tested, by default: the program has about one variable
@@ -153,7 +153,7 @@ def _data(problem: Problem) -> _Data:
         device=t.device,
         duration={"F": t.forward, "B": t.backward_input, "W": t.backward_weight},
         memory={"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight},
-        limit=t.limit,
+        limit=tuple(tolerant(v) for v in t.limit),
         links=tuple(_links(problem)),
         head=_per_class(heads(problem, memory_aware=True)),
         tail=_per_class(device_tails(problem, t.device[0])),

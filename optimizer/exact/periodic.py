@@ -34,7 +34,7 @@ from ortools.sat.python import cp_model
 from optimizer.exact.cpsat import run_cpsat
 from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.ops import SPLIT_KINDS, Op, dependency_depths
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 
 # Periods tried, as multiples of the busiest device's work per microbatch.
 PERIOD_STEPS = (1.0, 1.02, 1.05, 1.1, 1.15, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.5, 3.0)
@@ -111,7 +111,7 @@ def _period_model(
             if not math.isinf(real_limit):
                 # Frees are rounded towards zero in the tables; the limit is rounded up here,
                 # so the model only relaxes the real one and its "no pattern" is a proof.
-                limit = math.ceil(real_limit * tables.memory_scale - 1e-9)
+                limit = math.ceil(tolerant(real_limit) * tables.memory_scale - 1e-9)
                 _steady_state_memory(model, tables, stages, copies, phase, lap, limit)
             continue
         # Memory through the lifespans: by Little's law their sum over the cycle is the

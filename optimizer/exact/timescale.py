@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import reduce
 
 from optimizer.ops import SPLIT_KINDS, STAGE_KINDS, VOCAB_KINDS, Op, TimedOp, VocabRule, op_device, op_duration, op_memory, transfer_delay
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 
 MIN_TICKS = 1000
 # Largest number of ticks we let a horizon reach; CP-SAT handles int64 but keeps its
@@ -227,7 +227,9 @@ def integer_tables(problem: Problem, relax_memory: bool = False) -> IntegerTable
             kind: tuple(tuple(_rounded(v * mem_scale, up=not relax_memory) for v in row) for row in deltas[kind]) for kind in delta_kinds
         }
     relaxed = relax_memory and not exact_memory
-    int_limits = tuple(None if v is None else _rounded(v * mem_scale, up=relaxed) for v in limits)
+    # The limit with the checks' slack (Schedule.fits_memory): the model accepts exactly
+    # the orders they accept, up to the rounding of inexact memory.
+    int_limits = tuple(None if v is None else _rounded(tolerant(v) * mem_scale, up=relaxed) for v in limits)
     # A fused backward changes memory by its B and W together (at its end).
     memory["BW"] = tuple(tuple(b + w for b, w in zip(rb, rw)) for rb, rw in zip(memory["B"], memory["W"]))
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from optimizer.errors import DeadlockError
 from optimizer.ops import fusing_can_win, op_memory
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 from optimizer.schedule import fits_limits, longest_span, peak_memory
 from optimizer.schedules.interleaved import Walk, family_walk, looped_only, rounds, walk, walk_sequence
 from optimizer.schedules.registry import Generator, Keep, Orders
@@ -95,7 +95,7 @@ def warm_up_fits(problem: Problem, shape: Walk, held: Callable[[int, int], float
     first backward frees anything) fit its limit: necessary for the shape to fit, and
     cheap, so shapes far over the limit are never built."""
     limit = problem.tables().limit
-    return all(held(r, shape.warmup[r] + 1) <= limit[r] * (1 + 1e-9) for r in range(problem.num_devices))
+    return all(held(r, shape.warmup[r] + 1) <= tolerant(limit[r]) for r in range(problem.num_devices))
 
 
 def interleaved_auto(problem: Problem, deadline: float | None = None, keep: Keep | None = None) -> Orders:
