@@ -469,14 +469,17 @@ def test_each_build_weaves_vocabulary_passes_within_an_even_share_of_the_time_le
     # 3 builds and 1 after them: each got a quarter of 1.2 s when it began (less its
     # timing reserve, 0.006 s here), so they end at 0.3, 0.6 and 0.9 s.
     for expected, deadline in zip((0.3, 0.6, 0.9), told, strict=True):
-        assert abs(deadline - began - expected) < 0.05  # a sleep's wake-up slop on a loaded machine
+        # A build starts late by its predecessor's wake-up and timing (a few ms; tens on a
+        # loaded machine) and its share moves by part of that; without shares the deadlines
+        # are 0.3 s later or more.
+        assert abs(deadline - began - expected) < 0.1
     # Families outside the essential ones share their own deadline the same way.
     told.clear()
     began = time.monotonic()
     found, failed = generator_candidates(problem, deadline=began + 0.6, which=("zb-h1", "zb-h2").__contains__)
     assert "zb-h1" in [c.name for c in found]  # (the last, using all its time, ends at the deadline itself)
     for expected, deadline in zip((0.3, 0.6), told, strict=True):
-        assert abs(deadline - began - expected) < 0.05
+        assert abs(deadline - began - expected) < 0.1
 
 
 def test_the_other_families_get_their_share_of_what_the_essential_ones_left(monkeypatch, record_calls):
