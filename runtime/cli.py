@@ -127,9 +127,9 @@ def run(
     if engine not in ENGINES:
         raise InputError(f"--engine: '{printable(engine)}' is not one of {', '.join(ENGINES)}")
     schedule = load_schedule(schedule_file, check=False)
-    unrun = torch_csv.unexpressed(schedule.problem) if engine == "torch" else None
+    unrun = torch_csv.torch_cannot_run(schedule) if engine == "torch" else None
     if unrun is not None:
-        raise InputError(f"--engine torch: {schedule_file} has {unrun}, which torch's runtime does not run; use --engine pipesched")
+        raise InputError(f"--engine torch: {schedule_file} {unrun}; use --engine pipesched")
     world_size = _world_size(schedule.problem.num_devices)
     try:
         build_plans(schedule, world_size, str(schedule_file))  # refuse before starting any rank

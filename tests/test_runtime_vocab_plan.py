@@ -115,7 +115,7 @@ def test_the_example_without_vocabulary_layers_computes_the_same_logits():
     [
         (
             ["--engine", "torch"],
-            "--engine torch: {path} has vocabulary passes (S, T), which torch's runtime does not run; use --engine pipesched",
+            "--engine torch: {path} has vocabulary passes (S, T), which torch's actions cannot name; use --engine pipesched",
         ),
         (
             ["--model", "synthetic"],

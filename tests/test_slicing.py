@@ -118,7 +118,10 @@ def test_sliced_schedules_go_through_solve_validate_show_and_refuse_torch_format
     assert run("solve", problem, "--method", "cpsat", "--time-limit", "1", "-q", "-o", solved).exit_code == 0
     assert run("validate", solved).exit_code == 0
     for args, message in (
-        (("export", schedule, "--format", "torch-csv", "-o", tmp_path / "x.csv"), "torch-csv has no token slices"),
+        (
+            ("export", schedule, "--format", "torch-csv", "-o", tmp_path / "x.csv"),
+            "torch-csv: this schedule has 4 token slices per microbatch",
+        ),
         (("compare", problem, "--torch"), "--torch: torch.distributed.pipelining's schedules have no token slices"),
     ):
         result = run(*args)

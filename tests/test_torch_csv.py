@@ -21,6 +21,7 @@ from optimizer.ops import Op
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import GENERATORS, generate
+from runtime.cli import app as runtime_app
 from runtime.torch_orders import builtin_order_rows, builtin_schedule, builtin_schedules, row_name
 
 pytestmark = pytest.mark.runtime  # torch's own loader and validator
@@ -208,6 +209,26 @@ def test_export_import_commands_and_their_errors(tmp_path):
     (tmp_path / "dead.csv").write_text("0I0,0F0,0W0,0F1,0I1,0W1\n1F0,1I0,1W0,1F1,1I1,1W1\n")
     dead = cli("import", tmp_path / "dead.csv", "--problem", tmp_path / "small.json", "--output", tmp_path / "x.json")
     assert dead.exit_code == 1 and "deadlock" in dead.stderr.lower()
+
+
+def test_an_order_whose_last_stage_runs_forwards_out_of_order_is_not_handed_to_torch(tmp_path):
+    """torch's runtime pairs the last stage's losses with its forwards in the order they
+    ran: such an order trained on the wrong losses with exit 0 (gradients off by 89%), or
+    stopped at a loss not computed yet. It is valid (our engine keys losses by microbatch),
+    so `import` takes it; `export --format torch-csv` and `run --engine torch` refuse it."""
+    problem = uniform_problem(2, 2)
+    (tmp_path / "p.json").write_text(json.dumps(problem.model_dump(mode="json")))
+    (tmp_path / "swapped.csv").write_text("0F0,0F1,0B0,0B1\n1F1,1F0,1B1,1B0\n")
+    imported = cli("import", tmp_path / "swapped.csv", "--problem", tmp_path / "p.json", "--output", tmp_path / "s.json")
+    assert imported.exit_code == 0, imported.output
+    reason = "runs F(stage 1, mb 1) before F(stage 1, mb 0): torch's runtime pairs the last stage's losses"
+    exported = cli("export", tmp_path / "s.json", "--format", "torch-csv", "--output", tmp_path / "x.csv")
+    assert exported.exit_code == 2 and reason in exported.stderr and not (tmp_path / "x.csv").exists()
+    ran = runner.invoke(runtime_app, ["run", str(tmp_path / "s.json"), "--engine", "torch", "--model", "example", "--steps", "1"])
+    assert ran.exit_code == 2 and f"--engine torch: {tmp_path / 's.json'} {reason}" in ran.stderr, ran.stderr
+    # Only the last stage's forwards matter: the first may run them in any order.
+    (tmp_path / "first.csv").write_text("0F1,0F0,0B1,0B0\n1F0,1B0,1F1,1B1\n")
+    assert torch_csv.losses_out_of_order(torch_csv.parse_csv((tmp_path / "first.csv").read_text(), problem).orders, 2) is None
 
 
 # ------------------------------------------------------------------ torch's built-in orders

@@ -62,12 +62,38 @@ def unexpressed(problem: Problem) -> str | None:
     return None
 
 
+def losses_out_of_order(orders: list[list[Op]], num_stages: int) -> str | None:
+    """Where the last stage runs a forward before an earlier microbatch's, or None.
+
+    torch's runtime keeps the last stage's losses in the order its forwards ran and hands
+    the backward of microbatch i the i-th: out of order, it trains on the wrong losses
+    (and exits 0) or stops at a loss not yet computed. pipesched's own engine keys them by
+    microbatch, and every family and solver keeps each stage's forwards in order."""
+    last = num_stages - 1
+    forwards = [op.microbatch for device in orders for op in device if op.kind == "F" and op.stage == last]
+    for earlier, later in zip(forwards, forwards[1:]):
+        if later < earlier:
+            return f"F(stage {last}, mb {earlier}) before F(stage {last}, mb {later})"
+    return None
+
+
+def torch_cannot_run(schedule: Schedule) -> str | None:
+    """Why torch's runtime cannot run the schedule as it is ("has 4 token slices per
+    microbatch", "runs F(...) before F(...), ..."), or None."""
+    missing = unexpressed(schedule.problem)
+    if missing is not None:
+        return f"has {missing}, which torch's actions cannot name"
+    swapped = losses_out_of_order(schedule.order(), schedule.problem.num_stages)
+    if swapped is not None:
+        return f"runs {swapped}: torch's runtime pairs the last stage's losses with its forwards in the order they run"
+    return None
+
+
 def export_rows(schedule: Schedule) -> list[list[str]]:
     """One row of torch actions per device, in the schedule's order."""
-    if schedule.problem.num_slices > 1:  # torch's actions name a stage and a microbatch only
-        raise InputError(f"format: {NAME} has no token slices; this schedule has {schedule.problem.num_slices} per microbatch")
-    if schedule.problem.vocab_parallel is not None:
-        raise InputError(f"format: {NAME} has no vocabulary passes (S, T); run this schedule with pipesched run (its own engine)")
+    reason = torch_cannot_run(schedule)
+    if reason is not None:
+        raise InputError(f"format: {NAME}: this schedule {reason}; run it with pipesched run (its own engine)")
     return [[action_text(op) for op in device] for device in schedule.order()]
 
 
