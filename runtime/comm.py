@@ -17,10 +17,11 @@ rather than hanging.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -111,10 +112,13 @@ class P2P:
                     start, end = self.slice_bounds[message.slice]
                     shape = (shape[0], end - start, *shape[2:])
                 buffer = torch.empty(shape, dtype=spec.dtype, device=self.device)
-                self._receives[message.tag] = (buffer, [dist.irecv(buffer, message.src, tag=message.tag)])
+                with self._failing_as(message, "posting a receive"):
+                    self._receives[message.tag] = (buffer, [dist.irecv(buffer, message.src, tag=message.tag)])
             else:
                 tensor = self._tensors.pop(message.tag)
-                self._sends.append(([dist.isend(tensor, message.dst, tag=message.tag)], tensor, message))
+                # gloo sends at once: a dead peer's closed connection shows here, not at a wait.
+                with self._failing_as(message, "sending"):
+                    self._sends.append(([dist.isend(tensor, message.dst, tag=message.tag)], tensor, message))
         self._reap_sends()
 
     def _reap_sends(self) -> None:
@@ -122,13 +126,20 @@ class P2P:
         self._sends = [entry for entry in self._sends if not all(w.is_completed() for w in entry[0])]
 
     def _wait(self, works: list, message: Message, where: str) -> None:
-        rank = self.plan.rank
-        peer = message.src if message.dst == rank else message.dst
-        direction = "from" if message.dst == rank else "to"
-        try:
+        with self._failing_as(message, where):
             for work in works:
                 work.wait(self.timeout)
+
+    @contextlib.contextmanager
+    def _failing_as(self, message: Message, where: str) -> Iterator[None]:
+        """A backend's failure on `message` as a CommError naming this rank, where it was,
+        the transfer and the peer (not as the model's error, which a caller would make of it)."""
+        rank = self.plan.rank
+        try:
+            yield
         except Exception as exc:  # the backends raise RuntimeError or DistBackendError
+            peer = message.src if message.dst == rank else message.dst
+            direction = "from" if message.dst == rank else "to"
             reason = failure_reason(exc, self.timeout, "transfer")
             raise CommError(f"rank {rank} {where}: {message.describe()} {direction} rank {peer}: {reason}") from None
 

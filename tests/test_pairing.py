@@ -111,3 +111,23 @@ def test_a_reversed_order_is_caught_on_every_placement(placement, family):
     bad = [dataclasses.replace(plan, peer_messages={peer: msgs[::-1] for peer, msgs in plan.peer_messages.items()}) for plan in plans]
     found = pairing_deadlock(bad)
     assert found is not None and "waits for activation for stage" in found
+
+
+def test_a_transfer_that_fails_as_it_is_issued_names_the_rank_the_transfer_and_the_peer(monkeypatch):
+    """On gloo a send goes out when issued: a dead peer's closed connection is raised by
+    `isend` itself. It is said as the transfer's failure (it was reported as the model's)."""
+    plan = build_plans(generate(uniform_problem(2, 2), "1f1b"), 2)[0]
+
+    def closed(tensor, peer, tag):
+        raise RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:5")
+
+    monkeypatch.setattr(comm.dist, "isend", closed)
+    monkeypatch.setattr(comm.dist, "irecv", lambda tensor, peer, tag: _Work())
+    p2p = comm.P2P(plan, [comm.TensorSpec((2,), torch.float32)] * plan.num_stages, torch.device("cpu"), timeout_s=1.0)
+    p2p.start_step()
+    send = next(s for transfers in op_transfers(plan) for s in transfers.sends)
+    with pytest.raises(comm.CommError) as raised:
+        p2p.send(send, torch.zeros(2))
+    assert str(raised.value) == (
+        f"rank 0 sending: {send.describe()} to rank 1: the transfer failed (Connection closed by peer [127.0.0.1]:5)"
+    )
