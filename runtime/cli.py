@@ -22,6 +22,11 @@ _handlers_while_loading: dict[signal.Signals, signal.Handlers | Callable | int |
 for _signum, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL), (signal.SIGHUP, signal.SIG_DFL)):
     if signal.getsignal(_signum) is _default and (_signum == signal.SIGINT or "RANK" not in os.environ):
         _handlers_while_loading[_signum] = signal.signal(_signum, lambda signum, frame: _interrupts_while_loading.append(signum))
+# Ctrl-C is also blocked while they load, so that the threads they start (numpy's BLAS
+# pool) keep it blocked and it always reaches this one: where the rank server starts, it
+# is ignored for a few milliseconds and held pending on this thread
+# (runtime/forkserver.rank_context), and another thread taking it would drop it.
+_mask_while_loading = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT} & set(_handlers_while_loading))
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402
@@ -337,6 +342,7 @@ def _print_profile(problem: dict, fused_backward_ms: list[float], output: Path) 
     print(one_line(f"wrote {output}"))
 
 
+signal.pthread_sigmask(signal.SIG_SETMASK, _mask_while_loading)  # one held since is taken here, as loading
 for _held, _handler in _handlers_while_loading.items():
     signal.signal(_held, _handler)
 if _interrupts_while_loading:

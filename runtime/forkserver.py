@@ -21,16 +21,27 @@ def rank_context() -> ForkServerContext:
     # torch.optim's optimizers import torch._dynamo when the first one is built: seconds of
     # imports, once per rank. Imported here once, every rank forked gets it for free.
     context.set_forkserver_preload(["runtime.launch", "torch._dynamo"])
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
     # The server and the ranks it forks ignore Ctrl-C: the launcher stops them, and a
     # terminal's Ctrl-C (sent to the whole process group) would otherwise print a
-    # traceback from every one of them.
+    # traceback from every one of them. It is blocked here as well: Linux keeps a blocked
+    # signal pending even while it is ignored, so a Ctrl-C within these few milliseconds
+    # reaches the launcher once its handler is back (ignored alone, it was lost 2 times in
+    # 51, and the run went on to exit 0). The threads the commands started while loading
+    # keep it blocked (runtime/cli.py), so none of them takes it instead. The server and
+    # its ranks inherit the mask; ignoring it, they never take it.
+    # multiprocessing starts its resource tracker first, blocking Ctrl-C for that and then
+    # unblocking it (not restoring it): inside this window that undid the block, and a
+    # Ctrl-C in the 7 ms after was lost again. Started before, it is left alone here.
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return context
 
 

@@ -1353,3 +1353,31 @@ def test_a_torchrun_rank_ends_without_the_interpreters_teardown(tmp_path, torchr
         timeout=120,
     )
     assert refused.returncode == 2 and refused.stderr.startswith("error:")  # the exit status and the message kept
+
+
+THREAD_MASKS = """
+import os, signal
+import runtime.cli
+bit = 1 << (signal.SIGINT - 1)
+for task in sorted(os.listdir("/proc/self/task")):
+    status = open(f"/proc/self/task/{task}/status").read()
+    blocked = int(next(line for line in status.splitlines() if line.startswith("SigBlk")).split()[1], 16)
+    print("main" if int(task) == os.getpid() else "other", bool(blocked & bit))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads' signal masks from Linux's /proc")
+def test_threads_started_while_the_commands_load_keep_ctrl_c_blocked() -> None:
+    """Ctrl-C must reach the main thread: where the rank server starts it is ignored for a
+    few milliseconds and held pending there, and a thread of numpy's pool taking it instead
+    dropped it. The commands block it while they load (those threads inherit that) and
+    unblock it on the main thread."""
+    # numpy's BLAS starts one pool thread per core beyond the first: two, whatever the machine.
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "2"}
+    for name in ("RANK", "WORLD_SIZE"):
+        environment.pop(name, None)
+    result = subprocess.run([sys.executable, "-c", THREAD_MASKS], env=environment, capture_output=True, text=True, timeout=120)
+    lines = result.stdout.split("\n")
+    assert result.returncode == 0 and "main False" in lines, result.stderr
+    others = [line for line in lines if line.startswith("other")]
+    assert others and all(line == "other True" for line in others)
