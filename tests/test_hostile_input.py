@@ -1316,6 +1316,15 @@ def test_a_terminal_device_without_a_terminal_is_not_called_a_fifo(tmp_path) -> 
     assert "/dev/tty: no device behind it" in result.stderr and "FIFO" not in result.stderr
 
 
+def _plain_environment(**extra: str) -> dict[str, str]:
+    """This environment outside any torchrun job, pipesched importable, with `extra`."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+    for name in ("RANK", "WORLD_SIZE"):
+        if name not in extra:
+            environment.pop(name, None)
+    return environment
+
+
 TEARDOWN_SEEN = """
 import atexit, sys
 atexit.register(lambda: print("interpreter teardown ran"))
@@ -1330,28 +1339,16 @@ def test_a_torchrun_rank_ends_without_the_interpreters_teardown(tmp_path, torchr
     a successful run, about 1 in 10 on gloo) and torchrun then reports the job failed: a
     torchrun rank ends at once, its output flushed and its exit status kept, as the ranks
     of pipesched's own launcher do. Outside torchrun the command ends as usual."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for name in ("RANK", "WORLD_SIZE"):
-        environment.pop(name, None)
-    if torchrun:
-        environment.update({"RANK": "0", "WORLD_SIZE": "1"})
-    command = [sys.executable, "-c", TEARDOWN_SEEN]
-    wrote = subprocess.run(
-        [*command, "problem", "-p", "2", "-m", "2", "-o", str(tmp_path / "p.json")],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    environment = _plain_environment(**({"RANK": "0", "WORLD_SIZE": "1"} if torchrun else {}))
+
+    def problem(devices: str, output: Path) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-c", TEARDOWN_SEEN, "problem", "-p", devices, "-m", "2", "-o", str(output)]
+        return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
+
+    wrote = problem("2", tmp_path / "p.json")
     assert wrote.returncode == 0 and "wrote" in wrote.stdout
     assert ("interpreter teardown ran" in wrote.stdout) is not torchrun
-    refused = subprocess.run(
-        [*command, "problem", "-p", "0", "-m", "2", "-o", str(tmp_path / "q.json")],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    refused = problem("0", tmp_path / "q.json")
     assert refused.returncode == 2 and refused.stderr.startswith("error:")  # the exit status and the message kept
 
 
@@ -1373,10 +1370,9 @@ def test_threads_started_while_the_commands_load_keep_ctrl_c_blocked() -> None:
     dropped it. The commands block it while they load (those threads inherit that) and
     unblock it on the main thread."""
     # numpy's BLAS starts one pool thread per core beyond the first: two, whatever the machine.
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "2"}
-    for name in ("RANK", "WORLD_SIZE"):
-        environment.pop(name, None)
-    result = subprocess.run([sys.executable, "-c", THREAD_MASKS], env=environment, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", THREAD_MASKS], env=_plain_environment(OPENBLAS_NUM_THREADS="2"), capture_output=True, text=True, timeout=120
+    )
     lines = result.stdout.split("\n")
     assert result.returncode == 0 and "main False" in lines, result.stderr
     others = [line for line in lines if line.startswith("other")]
