@@ -120,7 +120,7 @@ def test_sliced_schedules_go_through_solve_validate_show_and_refuse_torch_format
     for args, message in (
         (
             ("export", schedule, "--format", "torch-csv", "-o", tmp_path / "x.csv"),
-            "torch-csv: this schedule has 4 token slices per microbatch",
+            "torch-csv: this schedule has 3 token slices per microbatch",
         ),
         (("compare", problem, "--torch"), "--torch: torch.distributed.pipelining's schedules have no token slices"),
     ):
