@@ -4,15 +4,17 @@ period found, and ahead of the other families on the V placement under tight mem
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
-from factories import placed_problem, random_problem, unusual_placements
+from factories import placed_problem, random_problem, unusual_placements, with_vocab
 
 from optimizer.errors import InfeasibleError, InputError
-from optimizer.exact import SolveOptions, solve
+from optimizer.exact import SolveOptions, portfolio, solve
+from optimizer.exact.tracker import Tracker
 from optimizer.problem import problem_from_json, uniform_problem
 from optimizer.schedule import orders_fit
-from optimizer.schedules import generate
+from optimizer.schedules import generate, vocab_passes
 from optimizer.schedules.paced import BISECTION_TOLERANCE, busiest_work, fitting_orders, lone_offsets, scan_order
 from optimizer.validate import validate
 
@@ -156,3 +158,23 @@ def test_the_bisection_ends_where_the_tolerance_is_below_the_floats_spacing():
     problem = uniform_problem(4, 8, 1e-9, 1e-9, 1e-9, comm_time=1e6, placement="vshape", memory_limit=2.5)
     schedule = generate(problem, "paced")
     assert validate(problem, schedule.devices) == [] and schedule.fits_memory()
+
+
+def test_paced_built_first_below_v_min_weaves_vocabulary_passes_within_its_share(monkeypatch):
+    """Built before v-auto below V-Min's memory, paced weaves the passes within an even share
+    of the time it and the automatic schedulers after it have (as every build does): woven
+    until their common deadline, it could leave v-auto nothing."""
+    problem = with_vocab(uniform_problem(4, 8, 1.0, 1.0, 0.6, placement="vshape", mem_forward=0.5, memory_limit=1.5), memory=0.0)
+    assert portfolio._below_v_min(problem)
+    told: list[float] = []
+    real = vocab_passes.with_vocab_passes
+
+    def recording(problem, base_orders, deadline=None):
+        told.append(deadline)
+        return real(problem, base_orders, deadline)
+
+    monkeypatch.setattr(vocab_passes, "with_vocab_passes", recording)
+    began = time.monotonic()
+    found = portfolio._paced_first(problem, Tracker("makespan", 10.0), began + 1.0, 1)
+    assert [c.name for c in found] == ["paced"] and found[0].fits
+    assert len(told) == 1 and abs(told[0] - began - 0.5) < 0.1  # half of 1 s (its build's start shifts it)

@@ -212,13 +212,15 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     essential_until = tracker.began + AUTOMATIC_SHARE * tracker.time_limit
     families_until = min(essential_until, time.monotonic() + GENERATOR_SHARE * tracker.left())
     automatic = [name for name in AUTOMATIC_SCHEDULERS if GENERATORS[name].reason(problem) is None]
-    found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until, len(automatic))
+    paced_first = _below_v_min(problem)
+    later = len(automatic) + paced_first  # essential builds after torch's (their weaving's shares)
+    found = _generators(problem, tracker, lambda name: name in TORCH_BUILT_INS, families_until, essential_until, later)
     tried = set(ESSENTIAL)
-    if _below_v_min(problem):
+    if paced_first:
         # Below V-Min's memory `paced` is 7.6-21.3% ahead of v-auto (the list scheduler's there)
         # on Zero Bubble's settings, and quicker: it comes before them (in the families'
         # share a 5 s limit at p = 32 left it unbuilt, and `auto` 12-19% longer).
-        found += _paced_first(problem, tracker, essential_until)
+        found += _paced_first(problem, tracker, essential_until, len(automatic))
         tried.add(PACED_BELOW_V_MIN)
     found += _generators(problem, tracker, lambda name: name in AUTOMATIC_SCHEDULERS, families_until, essential_until)
     for name in FALLBACK_FAMILIES:
@@ -248,13 +250,18 @@ def starting_points(problem: Problem, tracker: Tracker) -> list[Candidate]:
     return found
 
 
-def _paced_first(problem: Problem, tracker: Tracker, until: float) -> list[Candidate]:
+def _paced_first(problem: Problem, tracker: Tracker, until: float, essential_after: int) -> list[Candidate]:
     """`paced`, its periods timed until `until` and its least fitting period at least,
     even past it: it fits wherever split backwards do, in a bisection and one timing, where
     the list scheduler's fallback (when nothing else fits in time) runs whole (p = 256,
-    m = 32 on the V placement at a limit of 3 activations: 6.2 s at a 1 s limit)."""
+    m = 32 on the V placement at a limit of 3 activations: 6.2 s at a 1 s limit). Any
+    vocabulary passes are woven within its even share of the time, as every build's
+    (optimizer.exact.incumbents.generator_candidates), counting the `essential_after`
+    builds that follow it."""
+    now = time.monotonic()
+    weave_by = now + (until - now) / (1 + essential_after)
     try:
-        orders = GENERATORS[PACED_BELOW_V_MIN].build_within(problem, until)
+        orders = GENERATORS[PACED_BELOW_V_MIN].build_within(problem, until, weave_by=weave_by)
     except PipeschedError:  # split backwards do not fit: the least-memory order follows
         return []
     c = candidate(problem, PACED_BELOW_V_MIN, orders)
