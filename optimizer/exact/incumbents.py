@@ -101,23 +101,25 @@ def generator_candidates(
         if own_deadline is not None and now >= own_deadline - reserve:
             failed[generator.name] = "not run: the solver's time for known schedules had run out"
             continue
-        weave_by = None if own_deadline is None else now + (own_deadline - now) / max(1, share)
+        # The build's own deadline and the end of its share (weaving), both less the time
+        # that timing its orders will take.
+        timing = _TIMING_SECONDS_PER_OP * problem.num_ops
+        ends = None if own_deadline is None else (own_deadline - timing, share_end(now, own_deadline, share) - timing)
         outcome: dict[str, Any] = {}  # "orders" (a generator's orders) or "error" (its message)
         done = threading.Event()
         given_up = threading.Event()  # set once this stops waiting: the build may end then
 
-        def build(generator=generator, outcome=outcome, done=done, own_deadline=own_deadline, weave_by=weave_by, given_up=given_up) -> None:
-            timing = _TIMING_SECONDS_PER_OP * problem.num_ops
+        def build(generator=generator, outcome=outcome, done=done, ends=ends, given_up=given_up) -> None:
             try:
-                if own_deadline is None or weave_by is None:
+                if ends is None:
                     outcome["orders"] = generator.build(problem)
-                else:  # the time that timing its orders will take is kept out of the build's
+                else:
                     outcome["orders"] = generator.build_within(
                         problem,
-                        own_deadline - timing,
+                        ends[0],
                         keep=lambda orders: outcome.__setitem__("so_far", orders),
                         abandoned=given_up.is_set,
-                        weave_by=weave_by - timing,
+                        weave_by=ends[1],
                     )
             except Exception as error:  # a broken family must not stop the solver; it is reported
                 outcome["error"] = f"{error.__class__.__name__}: {error}"
@@ -149,6 +151,11 @@ def generator_candidates(
             except Exception as error:  # e.g. an order that deadlocks
                 failed[generator.name] = f"{error.__class__.__name__}: {error}"
     return found, failed
+
+
+def share_end(now: float, deadline: float, builds: int) -> float:
+    """When an even share of the time from `now` to `deadline` among `builds` builds ends."""
+    return now + (deadline - now) / max(1, builds)
 
 
 def best_fitting(candidates: Sequence[Candidate], objective: str = "makespan") -> Candidate | None:

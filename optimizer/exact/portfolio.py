@@ -23,7 +23,7 @@ from optimizer.errors import PipeschedError
 from optimizer.exact import devicebound, fluidbound, localsearch, stretch
 from optimizer.exact.canonical import canonical
 from optimizer.exact.cpsat import solve_cpsat_subproblem
-from optimizer.exact.incumbents import Candidate, candidate, generator_candidates
+from optimizer.exact.incumbents import Candidate, candidate, generator_candidates, share_end
 from optimizer.exact.least_memory import least_memory_candidate, split_backwards_fit
 from optimizer.exact.listsched import Policy, list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
@@ -258,8 +258,7 @@ def _paced_first(problem: Problem, tracker: Tracker, until: float, essential_aft
     vocabulary passes are woven within its even share of the time, as every build's
     (optimizer.exact.incumbents.generator_candidates), counting the `essential_after`
     builds that follow it."""
-    now = time.monotonic()
-    weave_by = now + (until - now) / (1 + essential_after)
+    weave_by = share_end(time.monotonic(), until, 1 + essential_after)
     try:
         orders = GENERATORS[PACED_BELOW_V_MIN].build_within(problem, until, weave_by=weave_by)
     except PipeschedError:  # split backwards do not fit: the least-memory order follows
