@@ -260,7 +260,7 @@ class Problem(_Strict):
             raise ValueError(f"memory_limit: a list needs one value per device ({p}), got {len(self.memory_limit)}")
         for s, stage in enumerate(self.stages):
             limit = self.device_limit(stage.device)
-            if stage.memory.forward > limit:
+            if stage.memory.forward > tolerant(limit):
                 raise ValueError(
                     f"memory_limit: device {stage.device} limit {limit!r} is below one forward of stage {s} ({stage.memory.forward!r})"
                 )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from optimizer.errors import DeadlockError, ScheduleError
 from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, dependencies, op_device, op_duration, op_memory, transfer_delay
-from optimizer.problem import Problem, Tables
+from optimizer.problem import Problem, Tables, tolerant
 from optimizer.schedule import Schedule
 
 # Times and memory are floats in the user's units; sums of a few thousand of them carry
@@ -22,8 +22,9 @@ from optimizer.schedule import Schedule
 # slack is capped at TIME_CAP_SHARE of the problem's shortest op: a timeline shifted far
 # from zero (ops at 1e9 lasting 1) or ops of 1e-10 would otherwise hide an op squeezed to
 # nothing or two ops overlapping; and it is never below FLOAT_ULPS units in the last place
-# of the times compared (what a float there can tell apart). Memory keeps 1e-9 relative
-# of the limit, as every memory check of pipesched does (Schedule.fits_memory).
+# of the times compared (what a float there can tell apart). Memory keeps the slack every
+# memory check and model of pipesched uses (`tolerant`): relative to the limit, so that a
+# limit below 1 is not looser here than where orders are made.
 _RELATIVE_TOLERANCE = 1e-9
 TIME_CAP_SHARE = 1e-3
 FLOAT_ULPS = 8
@@ -77,7 +78,7 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
                 if op.start < ready - _slack(ready, cap=cap):
                     violations.append(f"dependency: {op.op} starts at {op.start:g}, before {dep_op} is available at {ready:g}")
             usage += op_memory(tables, op.kind, op.stage, op.slice)
-            if usage > limit + _slack(limit):
+            if usage > tolerant(limit):
                 first_over = first_over or (op.op, usage)
                 peak, ops_over = max(peak, usage), ops_over + 1
             previous = op

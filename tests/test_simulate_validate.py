@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.errors import DeadlockError
+from optimizer.errors import DeadlockError, InputError
 from optimizer.ops import Op, TimedOp, completion_key, dependencies, op_duration
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedule import peak_memory
-from optimizer.schedules import generate
+from optimizer.schedules import applicable, generate, generate_all
 from optimizer.simulate import simulate, simulate_times
 from optimizer.validate import validate
 
@@ -129,6 +129,35 @@ def test_memory_violation_iff_peak_over_limit(case, fraction):
     assert any(v.startswith("memory:") for v in violations) == over
 
 
+@pytest.mark.parametrize("limit", [0.25, 1.0, 3.0])
+def test_validator_and_fits_memory_take_the_same_memory_slack(limit):
+    # A peak just over the limit's relative slack: below 1 the validator once allowed 1e-9
+    # absolute (four times the relative slack at 0.25), accepting peaks the models refuse.
+    from optimizer.problem import MEMORY_SLACK
+    from optimizer.schedule import Schedule
+
+    for excess, fits in ((0.5, True), (2.0, False)):
+        peak = limit * (1 + excess * MEMORY_SLACK)
+        # two forwards held at once make the peak (one alone fits, so the problem is valid)
+        problem = uniform_problem(1, 2, mem_forward=peak / 2, memory_limit=limit)
+        order = [[Op("F", 0, 0), Op("F", 0, 1), Op("B", 0, 0), Op("W", 0, 0), Op("B", 0, 1), Op("W", 0, 1)]]
+        violations = validate(problem, simulate_times(problem, order))
+        assert (not any(v.startswith("memory:") for v in violations)) == fits, (limit, excess, violations)
+        schedule = Schedule(problem, "test", simulate_times(problem, order))
+        assert schedule.fits_memory() == fits
+
+
+def test_a_forward_within_the_memory_slack_is_a_valid_problem():
+    # The problem's own check refused a forward every schedule check accepts.
+    from optimizer.problem import MEMORY_SLACK
+
+    problem = uniform_problem(1, 1, mem_forward=2 * (1 + 0.5 * MEMORY_SLACK), memory_limit=2.0)
+    schedule = generate(problem, "1f1b")
+    assert schedule.fits_memory() and not validate(problem, schedule.devices)
+    with pytest.raises(InputError, match="below one forward"):
+        uniform_problem(1, 1, mem_forward=2 * (1 + 2 * MEMORY_SLACK), memory_limit=2.0)
+
+
 def test_deadlock_names_each_blocked_device():
     problem = random_problem(random.Random(0), 2, 1, "linear", 0.0, None)
     # device 0 waits for its backward before doing its forward: a cycle across devices
@@ -197,3 +226,27 @@ def test_ops_far_shorter_than_the_slack_still_count():
     assert validate(problem, devices) == []
     collapsed = [[op._replace(start=0.0, end=0.0) for op in ops] for ops in devices]
     assert any(v.startswith("duration:") for v in validate(problem, collapsed))
+
+
+@pytest.mark.parametrize(
+    ("placement", "activations"),
+    [("linear", 4), ("linear", 6), ("vshape", 4), ("vshape", 6)],
+)
+def test_memory_units_do_not_change_any_family(placement, activations):
+    # Memory in large units (GiB where the profile said bytes) makes every value small: a
+    # slack of 1e-9 absolute is then 1e-3 of the limit, and a family that fitted a peak
+    # 1e-4 over its limit built a schedule the validator refuses. Limits a hair below a
+    # whole number of activations must give, at any unit, the families' orders at 1 unit.
+    def family_orders(unit: float) -> dict[str, list]:
+        problem = uniform_problem(4, 8, mem_forward=unit, memory_limit=activations * (1 - 1e-4) * unit, placement=placement)
+        built, _ = generate_all(problem)
+        for name, schedule in built.items():
+            if name in memory_aware:
+                assert not validate(problem, schedule.devices), (unit, name)
+        return {name: s.order() for name, s in built.items() if name in memory_aware}
+
+    memory_aware = {g.name for g in applicable(uniform_problem(4, 8, placement=placement)) if g.within_limit}
+    reference = family_orders(1.0)
+    assert reference  # some memory-aware family fits below this many activations
+    for unit in (1e-3, 1e-6, 1e-9):
+        assert family_orders(unit) == reference, unit

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from optimizer.ops import Op, completion_key, dependencies, op_duration, op_memory
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 from optimizer.schedule import Schedule
 from optimizer.simulate import simulate
 
@@ -118,7 +118,7 @@ def op_table(problem: Problem, orders: Sequence[Sequence[Op]]) -> tuple[OpTable,
         delay=delay,
         cls=cls,
         microbatch=[op.microbatch for op in ops],
-        limit=[limit * (1 + _REL) for limit in tables.limit],
+        limit=[tolerant(limit) for limit in tables.limit],
     )
     return table, [[index[op] for op in seq] for seq in orders]
 

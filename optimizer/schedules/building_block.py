@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from optimizer.ops import Op
+from optimizer.problem import tolerant
 from optimizer.schedules.registry import Orders
 
 # Op types of the slot model, in the paper's order.
@@ -27,7 +28,6 @@ F0, F1, B1, B0, W, W1, W0 = range(7)
 _FORWARDS = (F0, F1)
 _BACKWARDS = (B1, B0)
 _PERIOD = 6
-_REL_TOLERANCE = 1e-9
 
 
 # Chunk activations, the paper's memory count: F allocates one, W frees one, B leaves it
@@ -93,7 +93,7 @@ class _Timeline:
 
     def fits(self, kind: int, old: int, new: int, cap: float) -> bool:
         """Would moving the op of `kind` from slot `old` to free slot `new` keep the peak <= cap?"""
-        cap += _REL_TOLERANCE * max(1.0, abs(cap))  # real deltas are float sums
+        cap = tolerant(cap)  # real deltas are float sums
         state = self.states[new - 1] if new > 0 else (0, 0)
         for t in range(new, len(self.cells)):
             cell = kind if t == new else None if t == old else self.cells[t]

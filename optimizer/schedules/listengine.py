@@ -52,12 +52,9 @@ from dataclasses import dataclass
 
 from optimizer.errors import InfeasibleError
 from optimizer.ops import Op, op_duration, op_memory
-from optimizer.problem import Problem, one_microbatch_peaks
+from optimizer.problem import Problem, one_microbatch_peaks, tolerant
 from optimizer.schedules.registry import Keep, Orders
 from optimizer.schedules.units import backward_unit, forward_unit
-
-# Limits and memory deltas are floats that may be sums of profiled values.
-_REL_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -111,7 +108,7 @@ class Policy:
 
 def short_of(needs: list[float], limits: tuple[float, ...]) -> tuple[list[int], str]:
     """The devices whose limit is below their need, and a description of the first few."""
-    short = [d for d, (need, limit) in enumerate(zip(needs, limits)) if limit < need - _REL_TOLERANCE * max(1.0, need)]
+    short = [d for d, (need, limit) in enumerate(zip(needs, limits)) if need > tolerant(limit)]
     details = ", ".join(f"device {d} needs {_versus(needs[d], limits[d])}" for d in short[:4])
     more = f" and {len(short) - 4} more" if len(short) > 4 else ""
     return short, details + more
@@ -216,7 +213,7 @@ class DeviceMemory:
         forward_total: float | None = None,
     ):
         self.tracking = math.isfinite(limit)  # with no limit there is nothing to check
-        self.limit = limit + _REL_TOLERANCE * max(1.0, abs(limit)) if self.tracking else limit
+        self.limit = tolerant(limit) if self.tracking else limit
         self.peaks = peaks
         self.ops_per_microbatch = ops_per_microbatch
         self.irregular = irregular

@@ -231,7 +231,7 @@ def _has_room(problem: Problem, peaks: tuple[float, ...]) -> bool:
 
 def _fits(problem: Problem, peaks: tuple[float, ...] | list[float]) -> bool:
     limits = problem.tables().limit
-    return all(peak <= limit + _REL_TOLERANCE * max(1.0, limit) for peak, limit in zip(peaks, limits))
+    return fits_limits(peaks, limits)
 
 
 def _reordered_chosen(

@@ -44,12 +44,10 @@ from itertools import product
 
 from optimizer.errors import InfeasibleError
 from optimizer.ops import Op
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 from optimizer.schedules.registry import Generator, Orders
 from optimizer.schedules.support import vshape_only
 
-# Limits and deltas are sums of floats (activation fractions, profiled bytes).
-_REL_TOLERANCE = 1e-9
 # Room kept on device d during the warm-up, in chunk-0 activations: 2 + 2d (the chunk-1
 # forwards that will come back before its first backward). Other slopes measured on the
 # paper's settings at limit p: (2, 1), (3, 2), (4, 2) and (2, 3) are never shorter (at
@@ -93,7 +91,7 @@ class _Build:
         self.fill_before_f = fill_before_f
         self.cost = {"F": tables.forward, "B": tables.backward_input, "W": tables.backward_weight}
         self.delta = {"F": tables.mem_forward, "B": tables.mem_backward_input, "W": tables.mem_backward_weight}
-        self.limit = [x + _REL_TOLERANCE * max(1.0, abs(x)) if math.isfinite(x) else x for x in tables.limit]
+        self.limit = [tolerant(x) for x in tables.limit]
         p = self.p
         self.extra_allowance = allowance or [0.0] * p
         self.done = [dict.fromkeys((F0, F1, B0, B1), 0) for _ in range(p)]

@@ -38,11 +38,9 @@ from dataclasses import dataclass
 
 from optimizer.errors import DeadlockError, InfeasibleError, InputError
 from optimizer.ops import VOCAB_KINDS, Kind, Op, completion_key, dependencies, op_duration, op_memory, transfer_delay
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 from optimizer.schedules.registry import Orders
 from optimizer.simulate import simulate, simulate_times
-
-_REL_TOLERANCE = 1e-9  # limits and deltas are float sums of profiled values
 
 
 @dataclass(frozen=True)
@@ -238,7 +236,7 @@ class _Weaver:
         return done[j] == self.problem.num_devices and ends[j] + self.tables.barrier_time <= now
 
     def _fits(self, d: int, op: Op) -> bool:
-        limit = self.limit[d] * (1 + _REL_TOLERANCE)
+        limit = tolerant(self.limit[d])
         if math.isinf(limit):
             return True
         delta = op_memory(self.tables, op.kind, op.stage)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from optimizer.ops import Op
-from optimizer.problem import Problem
+from optimizer.problem import Problem, tolerant
 from optimizer.schedules.registry import Generator, Orders, linear_only
 
 # Limits and deltas are sums of floats (activation fractions, profiled bytes).
@@ -91,7 +91,7 @@ class _Build:
         self.knobs = knobs
         self.cost = {"F": tables.forward, "B": tables.backward_input, "W": tables.backward_weight}
         self.mem = {"F": tables.mem_forward, "B": tables.mem_backward_input, "W": tables.mem_backward_weight}
-        self.limit = [x + _REL_TOLERANCE * max(1.0, abs(x)) if math.isfinite(x) else x for x in tables.limit]
+        self.limit = [tolerant(x) for x in tables.limit]
         p = self.p
         self.done = {kind: [0] * p for kind in "FBW"}  # ops of each kind placed per stage
         self.free_at = [0.0] * p  # when each stage's device is next free
