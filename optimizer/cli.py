@@ -575,7 +575,7 @@ def _vocab_barrier_choices(vocab_parallel: bool, barriers: str) -> tuple[int, ..
 
 def _certify(schedule: Schedule, objective: str, seconds: float, quiet: bool) -> bool:
     """Raise the schedule's lower bound with the fluid bound; whether Ctrl-C stopped it."""
-    from optimizer.exact.fluidbound import certify
+    from optimizer.exact.fluidbound import FluidWorkerError, certify
 
     if not schedule.metrics.gap:
         return False
@@ -583,6 +583,9 @@ def _certify(schedule: Schedule, objective: str, seconds: float, quiet: bool) ->
         print(f"certifying: the fluid bound for up to {seconds:g} s", file=sys.stderr)
     try:
         certify(schedule, objective, seconds)
+    except FluidWorkerError as error:
+        # The schedule and its bound stand; the user learns why --certify added nothing.
+        print(f"warning: --certify: {error}", file=sys.stderr)
     except KeyboardInterrupt:
         print("interrupted: writing the schedule with the bound it had", file=sys.stderr)
         return True

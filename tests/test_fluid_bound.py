@@ -26,6 +26,7 @@ from optimizer.exact.spantiming import timed_for
 from optimizer.exact.timescale import integer_tables
 from optimizer.exact.tracker import Tracker
 from optimizer.formats.schedule_json import load_schedule
+from optimizer.problem import uniform_problem
 from optimizer.schedules import GENERATORS
 
 pytestmark = pytest.mark.solver
@@ -557,3 +558,30 @@ def test_no_worker_outlives_auto(monkeypatch, interrupted):
     schedule = api.solve(problem, "auto", SolveOptions(time_limit=5, objective="span"))
     assert len(runs) == 1 and runs[0]._process is None
     assert schedule.metrics.lower_bound is not None and schedule.metrics.lower_bound <= objective_value(schedule, "span")
+
+
+def test_a_failed_worker_is_said_not_taken_for_no_proof(tmp_path, monkeypatch):
+    # The worker's stderr went nowhere: a worker that died proved "nothing", silently, and
+    # `solve --certify` left the gap as it was without a word. A setting the worker cannot
+    # use (a grid size that is not a number) makes it fail at its first program.
+    problem = uniform_problem(2, 4, placement="vshape", memory_limit=3.0)
+    with pytest.raises(fluidbound.FluidWorkerError, match="the fluid bound's worker failed: TypeError"):
+        fluid_bound(problem, 1.0, 40.0, time_limit=30, samples="many")
+    with fluidbound.FluidRun(problem, 1.0, 40.0, time_limit=30) as run:
+        run.wait(time.monotonic() + 30)
+        assert run.failure() is None and run.value() > 1.0  # a worker that ends well
+    # The CLI says so in one line and still writes the schedule with the bound it had.
+    # (a problem whose gap stays open at 1 s, test_solve_certify_cuts_the_gap_and_keeps_the_schedule)
+    certify = fluidbound.certify
+
+    def certify_failing(*args):
+        monkeypatch.setattr(fluidbound, "default_samples", lambda num_stages, budget=0: "many")  # not in the solve before
+        return certify(*args)
+
+    monkeypatch.setattr(fluidbound, "certify", certify_failing)
+    path, out = _four_device_v_half(tmp_path), tmp_path / "schedule.json"
+    result = runner.invoke(app, ["solve", str(path), "-o", str(out), "--time-limit", "1", "--objective", "span", "--certify", "30", "--quiet"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: --certify:")]
+    assert len(warnings) == 1 and "TypeError" in warnings[0], result.stderr
+    assert load_schedule(out).metrics.lower_bound is not None

@@ -60,6 +60,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from optimizer.errors import PipeschedError
 from optimizer.exact.bounds import _links, device_tails, heads
 from optimizer.interrupts import interrupts_deferred
 from optimizer.lifeline import end_with
@@ -480,7 +481,8 @@ class FluidRun:
 
     `value()` reads the highest Z proven so far (each proof is written as it comes, see
     `_worker`); `finish(until)` waits for the worker until `until` (time.monotonic) and
-    stops it; `close()` stops it at once. As a context manager it is stopped on leaving,
+    stops it; `close()` stops it at once; `failure()` says why a worker that ended by
+    itself failed (the last line it wrote to stderr), or None. As a context manager it is stopped on leaving,
     whatever happens (Ctrl-C included), so no worker outlives its caller.
     """
 
@@ -503,6 +505,8 @@ class FluidRun:
         self._folder = tempfile.TemporaryDirectory()
         problem_path = os.path.join(self._folder.name, "problem.json")
         self._out_path = os.path.join(self._folder.name, "bound.json")
+        self._err_path = os.path.join(self._folder.name, "worker.err")
+        self._failure: str | None = None
         with open(problem_path, "w") as handle:
             handle.write(problem.model_dump_json())
         settings = {
@@ -523,9 +527,9 @@ class FluidRun:
         try:
             # Ctrl-C (or SIGTERM) between the start and the assignment would leave the
             # worker unknown to everyone who could stop it.
-            with interrupts_deferred():
+            with interrupts_deferred(), open(self._err_path, "wb") as errors:
                 self._process = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_worker_env()
+                    command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=_worker_env()
                 )
         except KeyboardInterrupt:
             self.close()
@@ -552,11 +556,19 @@ class FluidRun:
         self.close()
         return value
 
+    def failure(self) -> str | None:
+        """Why the worker failed, where it ended by itself with an error: the last line it
+        wrote to stderr (its exception); None while it runs, after a clean end, or once
+        stopped by `close()`."""
+        return self._failure if self._process is None else _failure_of(self._process, self._err_path)
+
     def close(self) -> None:
         """Stop the worker and remove its files (`value()` is `low` afterwards)."""
         if self._process is not None:
             if self._process.poll() is None:
                 self._process.kill()
+            else:
+                self._failure = _failure_of(self._process, self._err_path)
             self._process.wait()
             self._process = None
             self._folder.cleanup()
@@ -566,6 +578,21 @@ class FluidRun:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _failure_of(process: subprocess.Popen[bytes], err_path: str) -> str | None:
+    if process.poll() in (None, 0):
+        return None
+    try:
+        with open(err_path, "rb") as handle:
+            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return lines[-1] if lines else f"exit code {process.returncode}"
+
+
+class FluidWorkerError(PipeschedError):
+    """The fluid bound's worker failed before proving anything."""
 
 
 def fluid_bound(
@@ -584,6 +611,8 @@ def fluid_bound(
     """`bisect` on `problem` in a fresh process; `low` when nothing above it was proven.
 
     `high` is a known schedule's span (or any Z the program is expected to be feasible at).
+    FluidWorkerError when the worker failed (a bug, or the machine's resources) with
+    nothing proven: said, not taken for "nothing proven".
     """
     if not applicable(problem):
         return low
@@ -600,7 +629,11 @@ def fluid_bound(
         threads=threads,
         below_probe=below_probe,
     ) as run:
-        return run.finish(began + time_limit + OVERRUN_SECONDS)
+        value = run.finish(began + time_limit + OVERRUN_SECONDS)
+        failure = run.failure()
+        if failure is not None and value <= low:
+            raise FluidWorkerError(f"the fluid bound's worker failed: {failure}")
+        return value
 
 
 def certify(schedule: Schedule, objective: str, seconds: float) -> bool:
