@@ -100,3 +100,35 @@ def test_v_auto_no_worse_than_reordering_every_fitting_block_of_the_family():
             )
             ours = objective_value(simulate(problem, v_auto(problem)), "span")
             assert ours <= whole_family * (1 + 1e-9), (p, limit)
+
+
+def _earliest_fit_matches_the_walk(line, times, deltas, rng) -> None:
+    for cap in (line.peak, line.peak + max(deltas) / 2, line.peak + max(deltas), line.peak * 2):  # never below the peak
+        for kind, slots in times.items():
+            for old in rng.sample(slots, min(5, len(slots))):
+                lo = rng.randrange(0, old + 1)
+                walked = next((new for new in range(lo, old) if line.cells[new] is None and line._fits_walking(kind, old, new, cap)), None)
+                assert line.earliest_fit(kind, old, lo, cap) == walked, (cap, kind, old, lo)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_earliest_fit_with_ws_placed_is_the_first_slot_a_walk_accepts(p):
+    # With W's placed, the squeeze finds a move's earliest slot from the usage in one pass
+    # (a move changes it on [new, old) only); the walk tries each slot. Same answers, on
+    # every op kind of a block's timeline, under caps from its peak up (as the squeeze's
+    # are), in chunk activations and with a device's own float deltas.
+    import random
+
+    from optimizer.problem import uniform_problem
+    from optimizer.schedules.building_block import _PERIOD, CHUNK_DELTAS, W, _put_w, _Timeline, device_deltas
+
+    rng = random.Random(p)
+    tables = uniform_problem(p, 1, placement="vshape", mem_forward=0.7, mem_backward_input=-0.2).tables()
+    for offsets, deltas in ((v_half_offsets(p), CHUNK_DELTAS), (v_min_offsets(p), device_deltas(tables, p, p // 2))):
+        for r in range(p):
+            placed = _put_w({kind: [o + _PERIOD * j for j in range(3 * p)] for kind, o in zip(range(4), offsets[r])}, split=False)
+            # and with holes: a free slot just before a W is where the usage last exceeds a cap
+            holed = {**placed, W: [t for i, t in enumerate(placed[W]) if i % 3 != 1]}
+            for times in (placed, holed):
+                line = _Timeline({k: list(v) for k, v in times.items()}, implicit_w=False, deltas=deltas)
+                _earliest_fit_matches_the_walk(line, times, deltas, rng)
