@@ -83,7 +83,7 @@ class _Ops:
     tail: dict[str, list[list[float]]]
 
 
-def _durations(problem: Problem) -> dict[str, tuple[float, ...]]:
+def durations(problem: Problem) -> dict[str, tuple[float, ...]]:
     t = problem.tables()
     return {"F": t.forward, "B": t.backward_input, "W": t.backward_weight}
 
@@ -117,7 +117,7 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
     """
     t = problem.tables()
     S, m = problem.num_stages, problem.num_microbatches
-    dur = _durations(problem)
+    dur = durations(problem)
     comm = _links(problem)
     if origin > 0:
         dur = dict(dur, F=tuple(0.0 if s < origin else v for s, v in enumerate(dur["F"])))
@@ -233,7 +233,7 @@ def _memory_release(t, started: list[tuple[int, int]], i: int, free_end: dict[st
 def tails(problem: Problem) -> dict[str, list[list[float]]]:
     """Least work that must follow the end of every op before the schedule can end."""
     S, m = problem.num_stages, problem.num_microbatches
-    dur = _durations(problem)
+    dur = durations(problem)
     comm = _links(problem)
     tail = {k: [[0.0] * m for _ in range(S)] for k in ("F", "B", "W")}
     F, B, W = tail["F"], tail["B"], tail["W"]
@@ -278,7 +278,7 @@ def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
 
 
 def _device_jobs(problem: Problem, head, tail) -> list[list[tuple[float, float, float]]]:
-    dur = _durations(problem)
+    dur = durations(problem)
     device = problem.tables().device
     jobs: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
     for kind in ("F", "B", "W"):
@@ -300,7 +300,7 @@ def makespan_lower_bound(problem: Problem, deadline: float | None = None) -> Low
     With a `deadline` (time.monotonic()) the parts that would end past it are left out:
     each part is a bound alone, so what the others proved stands (at least the busiest
     device's work)."""
-    dur = _durations(problem)
+    dur = durations(problem)
     device = problem.tables().device
     m = problem.num_microbatches
     work = [0.0] * problem.num_devices
@@ -335,7 +335,7 @@ def device_tails(problem: Problem, device: int) -> dict[str, list[list[float]]]:
     (optimizer.exact.canonical); a path counts only when it ends at an op of `device`.
     """
     S, m = problem.num_stages, problem.num_microbatches
-    dur = _durations(problem)
+    dur = durations(problem)
     on_device = [d == device for d in problem.tables().device]
     comm = _links(problem)
     none = -math.inf
@@ -395,7 +395,7 @@ def span_lower_bound(problem: Problem, deadline: float | None = None) -> LowerBo
     With a `deadline` (time.monotonic()) a device whose pass would end past it is left
     out, so the bound may be weaker, never wrong.
     """
-    dur = _durations(problem)
+    dur = durations(problem)
     m = problem.num_microbatches
     busy = [m * sum(dur[k][s] for s in problem.stages_on(d) for k in ("F", "B", "W")) for d in range(problem.num_devices)]
     value = max(busy)
@@ -448,7 +448,7 @@ def _through_others(problem: Problem, device: int, head, tail) -> tuple[float, i
     leaving it, which bounds the span when that device is the busier one.
     """
     origin = min(problem.stages_on(device))
-    dur = _durations(problem)
+    dur = durations(problem)
     m = problem.num_microbatches
     best, where = 0.0, device
     for other in range(problem.num_devices):
@@ -491,7 +491,7 @@ def _pending_states(problem: Problem, device: int) -> list[tuple[float, float]]:
     of their changes, the work left the others' durations.
     """
     t = problem.tables()
-    dur = _durations(problem)
+    dur = durations(problem)
     ops, before = _one_microbatch(problem, device)
     change = {"F": t.mem_forward, "B": t.mem_backward_input, "W": t.mem_backward_weight}
     states = []
@@ -544,7 +544,7 @@ def drain_idle(problem: Problem, device: int, tail: dict[str, list[list[float]]]
     if len(stages) > PENDING_MAX_STAGES:
         return 0.0
     t = problem.tables()
-    dur = _durations(problem)
+    dur = durations(problem)
     origin = min(stages)
     chain = dur["F"][origin] + tail["F"][origin][m - 1]
     own = sum(dur[k][s] for s in stages for k in ("F", "B", "W"))
@@ -566,7 +566,7 @@ def warm_up_idle(problem: Problem, device: int, head: dict[str, list[list[float]
     stages = problem.stages_on(device)
     m = problem.num_microbatches
     t = problem.tables()
-    dur = _durations(problem)
+    dur = durations(problem)
     origin = min(stages)
     until = min(min(head[k][s][0] for s in stages for k in ("B", "W")), head["F"][origin][m - 1])
     items = []  # (work inside the window, memory)
@@ -594,14 +594,14 @@ def warm_up_and_drain(problem: Problem, device: int, head: dict[str, list[list[f
     span_lower_bound). The warm-up window ends no later than the drain's starts (the
     last microbatch's first op), so the two idle times add up.
     """
-    dur = _durations(problem)
+    dur = durations(problem)
     busy = problem.num_microbatches * sum(dur[k][s] for s in problem.stages_on(device) for k in ("F", "B", "W"))
     return busy + warm_up_idle(problem, device, head) + drain_idle(problem, device, tail)
 
 
 def _jobs_of(problem: Problem, device: int, head, tail) -> list[tuple[float, float, float]]:
     """(head, duration, tail) of every op of one device."""
-    dur = _durations(problem)
+    dur = durations(problem)
     m = problem.num_microbatches
     return [(head[k][s][i], dur[k][s], tail[k][s][i]) for s in problem.stages_on(device) for k in ("F", "B", "W") for i in range(m)]
 

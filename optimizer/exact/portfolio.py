@@ -29,7 +29,7 @@ from optimizer.exact.listsched import Policy, list_schedule, policies
 from optimizer.exact.neighbourhood import neighbourhood_search
 from optimizer.exact.options import SolveOptions
 from optimizer.exact.periodic import periodic_orders
-from optimizer.exact.slicebounds import busy_bound, cut_by_deadline, lower_bound, split_relaxation
+from optimizer.exact.slicebounds import busy_bound, cut_by_deadline, lower_bound, round_trip_bound, split_relaxation, stronger
 from optimizer.exact.subproblem import SubProblem, full_subproblem
 from optimizer.exact.timescale import IntegerTables, integer_tables
 from optimizer.exact.tracker import Tracker
@@ -525,11 +525,14 @@ def bound_first(problem: Problem, options: SolveOptions) -> bool:
 def problem_bound(problem: Problem, options: SolveOptions, tracker: Tracker, *, within_time: bool) -> None:
     """Raise the tracker's bound with the problem's lower bound. With `within_time` and
     less time left than it may take, the parts of it that end in time (where it comes in
-    parts), else the busiest device's work (instant, weaker)."""
+    parts), else the busiest device's work and one microbatch's round trip (instant, weaker)."""
     if within_time and tracker.left() < bound_seconds(problem):
         # The search after it keeps the other half of what is left.
         until = time.monotonic() + CUT_BOUND_SHARE * tracker.left()
-        found = lower_bound(problem, options.objective, deadline=until) if cut_by_deadline(problem) else busy_bound(problem)
+        if cut_by_deadline(problem):
+            found = lower_bound(problem, options.objective, deadline=until)
+        else:
+            found = stronger(busy_bound(problem), round_trip_bound(problem, options.objective))
     else:
         # Before the starting points its estimate decided; the parts that come in time are
         # kept within its share of the limit all the same (at p = 16, m = 64 on the V

@@ -39,7 +39,7 @@ and the device relaxations hold.
 
 from __future__ import annotations
 
-from optimizer.exact.bounds import LowerBound, jackson_preemptive
+from optimizer.exact.bounds import LowerBound, durations, heads, jackson_preemptive
 from optimizer.exact.bounds import lower_bound as unsliced_lower_bound
 from optimizer.ops import Kind, fusing_can_win, op_duration
 from optimizer.problem import Problem
@@ -88,7 +88,45 @@ def split_relaxation(problem: Problem) -> Problem | None:
 def lower_bound(problem: Problem, objective: str = "makespan", deadline: float | None = None) -> LowerBound:
     """The valid lower bound for any problem (see the module doc). With a `deadline`
     (time.monotonic()) the bounds that come in parts (`cut_by_deadline`) keep the parts
-    that end by it; the others ignore it."""
+    that end by it; the others ignore it. Never below one microbatch's round trip
+    (`round_trip_bound`), which always comes in time."""
+    return stronger(_lower_bound(problem, objective, deadline), round_trip_bound(problem, objective))
+
+
+def stronger(first: LowerBound, second: LowerBound) -> LowerBound:
+    """The higher of two bounds (the first on a tie)."""
+    return second if second.value > first.value * (1 + 1e-12) else first
+
+
+def round_trip_bound(problem: Problem, objective: str = "makespan") -> LowerBound:
+    """The bound of the problem with one microbatch and no memory limit: any schedule's
+    ops of one microbatch form a schedule of that problem, and leaving ops out never
+    lengthens a device's span nor the makespan. Its cost grows with the stages only, so
+    it stands where the whole bound (a pass over every stage and microbatch) is cut by a
+    deadline: with more devices than microbatches the round trip is most of the span
+    (p = 256, m = 32 on the V placement: 1055.2 where the busiest device's work is 166.4).
+    """
+    if problem.num_microbatches == 1 and problem.memory_limit is None:
+        return LowerBound(0.0, "one microbatch")  # the problem itself: its own bound says more
+    one = Problem.model_validate({**problem.model_dump(), "num_microbatches": 1, "memory_limit": None})
+    if objective != "span":
+        found = _lower_bound(one, objective, None)
+        return LowerBound(found.value, f"one microbatch's round trip ({found.reason}, with one microbatch)")
+    # The span: the device of stage 0 starts with its forward, on which every op of the
+    # microbatch waits, so each of its ops ends within the span at its head (from that
+    # forward) plus its duration. The per-device span bounds would cost a pass per device
+    # (0.7 s at p = 256); this is one. Without vocabulary passes (a relaxation) and with
+    # the cheaper of fused and split backwards (`split_relaxation`); none for slices.
+    relaxed = split_relaxation(Problem.model_validate({**one.model_dump(), "vocab_parallel": None}))
+    if relaxed is None:
+        return LowerBound(0.0, "one microbatch (no round trip for token slices)")
+    head, dur = heads(relaxed, memory_aware=False), durations(relaxed)
+    first = relaxed.tables().device[0]
+    value = max(head[kind][s][0] + dur[kind][s] for s in relaxed.stages_on(first) for kind in ("F", "B", "W"))
+    return LowerBound(value, f"one microbatch's round trip on device {first} (heads from its first forward)")
+
+
+def _lower_bound(problem: Problem, objective: str, deadline: float | None) -> LowerBound:
     if problem.vocab_parallel is not None:
         return vocab_lower_bound(problem, objective)
     relaxed = split_relaxation(problem)
