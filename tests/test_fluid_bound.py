@@ -566,7 +566,7 @@ def test_a_failed_worker_is_said_not_taken_for_no_proof(tmp_path, monkeypatch):
     # use (a grid size that is not a number) makes it fail at its first program.
     problem = uniform_problem(2, 4, placement="vshape", memory_limit=3.0)
     with pytest.raises(fluidbound.FluidWorkerError, match="the fluid bound's worker failed: TypeError"):
-        fluid_bound(problem, 1.0, 40.0, time_limit=30, samples="many")
+        fluid_bound(problem, 1.0, 40.0, time_limit=30, samples="many")  # type: ignore[arg-type]  # what the worker cannot use
     with fluidbound.FluidRun(problem, 1.0, 40.0, time_limit=30) as run:
         run.wait(time.monotonic() + 30)
         assert run.failure() is None and run.value() > 1.0  # a worker that ends well
@@ -580,7 +580,9 @@ def test_a_failed_worker_is_said_not_taken_for_no_proof(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fluidbound, "certify", certify_failing)
     path, out = _four_device_v_half(tmp_path), tmp_path / "schedule.json"
-    result = runner.invoke(app, ["solve", str(path), "-o", str(out), "--time-limit", "1", "--objective", "span", "--certify", "30", "--quiet"])
+    result = runner.invoke(
+        app, ["solve", str(path), "-o", str(out), "--time-limit", "1", "--objective", "span", "--certify", "30", "--quiet"]
+    )
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: --certify:")]
     assert len(warnings) == 1 and "TypeError" in warnings[0], result.stderr
