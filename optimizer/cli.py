@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -221,6 +222,29 @@ def metrics_line(schedule: Schedule, peak_label: str = "peak memory") -> str:
     return ", ".join(parts)
 
 
+# The field of a uniform problem each `problem` option sets ("stages.3.memory.forward").
+_FIELD_OPTIONS = {
+    "forward": "--forward",
+    "backward_input": "--backward-input",
+    "backward_weight": "--backward-weight",
+    "backward": "--backward",
+    "memory.forward": "--mem-forward",
+    "memory.backward_input": "--mem-backward-input",
+    "memory.backward_weight": "--mem-backward-weight",
+}
+_PROBLEM_FIELD = re.compile(r"^problem: (?:stages\.\d+\.(?P<stage>[a-z_.]+)|(?P<top>comm_time|memory_limit)): ")
+
+
+def _named_by_option(message: str) -> str:
+    """A problem's field error as the `problem` option that set the field ("problem:
+    stages.0.forward: ..." reads "--forward: ..."); other messages as they are."""
+    found = _PROBLEM_FIELD.match(message)
+    if found is None:
+        return message
+    option = _FIELD_OPTIONS.get(found["stage"] or "") or {"comm_time": "--comm", "memory_limit": "--memory-limit"}.get(found["top"] or "")
+    return message if option is None else f"{option}: {message[found.end() :]}"
+
+
 @app.command()
 @user_errors
 def problem(
@@ -278,20 +302,23 @@ def problem(
     model = slice_model(
         sequence_length, slices, lengths=slice_lengths, cost=slice_cost, hidden=hidden, stages=devices, overhead=slice_overhead
     )
-    built = uniform_problem(
-        devices,
-        microbatches,
-        forward,
-        backward_input,
-        backward_weight,
-        comm_time=comm,
-        placement=placement,
-        mem_forward=mem_forward,
-        mem_backward_input=mem_backward_input,
-        mem_backward_weight=mem_backward_weight,
-        memory_limit=memory_limit,
-        backward=backward,
-    )
+    try:
+        built = uniform_problem(
+            devices,
+            microbatches,
+            forward,
+            backward_input,
+            backward_weight,
+            comm_time=comm,
+            placement=placement,
+            mem_forward=mem_forward,
+            mem_backward_input=mem_backward_input,
+            mem_backward_weight=mem_backward_weight,
+            memory_limit=memory_limit,
+            backward=backward,
+        )
+    except InputError as error:
+        raise InputError(_named_by_option(str(error))) from None
     if slices > 1:
         try:
             built = with_slices(built, model)
@@ -331,15 +358,12 @@ def layers(
     from optimizer.layer_costs import DecoderSizes, decoder_layers
     from optimizer.layers import layers_to_json
 
-    for option, value in (
-        ("--tflops", tflops),
-        ("--bandwidth", bandwidth),
-        ("--bytes-per-parameter", bytes_per_parameter),
-        ("--comm", comm),
-    ):
+    for option, value in (("--tflops", tflops), ("--bandwidth", bandwidth)):  # times divide by them
+        finite_option(option, value, high=1e12)
+        if value <= 0:
+            raise InputError(f"{option}: must be positive, got {_shown(value)}")
+    for option, value in (("--bytes-per-parameter", bytes_per_parameter), ("--comm", comm)):
         finite_option(option, value, low=0.0, high=1e12)
-    if tflops <= 0 or bandwidth <= 0:
-        raise InputError("--tflops and --bandwidth must be positive")
     check_outputs([output])
     refuse_other_format(output, "a layers file")
     sizes = DecoderSizes(blocks, hidden, vocab, sequence, batch, heads, flash_attention, tflops, bandwidth, bytes_per_parameter, comm)

@@ -149,15 +149,35 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     return data
 
 
-def _refuse_constant(name: str) -> float:
-    raise _BadJson(f"{name} is not a number pipesched accepts (only finite numbers)")
+class _Refused:
+    """A number the parser met and refused (NaN, Infinity, an overflow, too many digits),
+    left in place so that the error can name the field holding it (`_path_to_refused`)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
-def _finite_float(text: str) -> float:
+def _refused_constant(name: str) -> _Refused:
+    return _Refused(f"{name} is not a number pipesched accepts (only finite numbers)")
+
+
+def _finite_float(text: str) -> float | _Refused:
     value = float(text)
-    if not math.isfinite(value):
-        raise _BadJson(f"{text} overflows a 64-bit float")
-    return value
+    return value if math.isfinite(value) else _Refused(f"{text} overflows a 64-bit float")
+
+
+def _path_to_refused(data: object) -> tuple[str, _Refused] | None:
+    """The dotted path ("stages.0.forward", "" at the top) of the first refused number in
+    the file's order, and the refusal; None when there is none."""
+    stack: list[tuple[str, object]] = [("", data)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, _Refused):
+            return path, item
+        children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        # reversed onto the stack, so the first child is looked at first
+        stack.extend(reversed([(f"{path}.{key}" if path else str(key), value) for key, value in children]))
+    return None
 
 
 # A \uXXXX escape of a UTF-16 surrogate: only then can a decoded string hold a lone one.
@@ -200,21 +220,25 @@ def _refuse_oversized(text: str, source: str) -> None:
 _MAX_INT_DIGITS = 30
 
 
-def _short_int(text: str) -> int:
+def _short_int(text: str) -> int | _Refused:
     digits = len(text.lstrip("-"))
     if digits > _MAX_INT_DIGITS:
-        raise _BadJson(f"an integer of {digits} digits is out of range for every field")
+        return _Refused(f"an integer of {digits} digits is out of range for every field")
     return int(text)
 
 
 def parse_json(text: str, source: str) -> object:
     """Strict JSON: finite numbers only, no duplicate keys, no lone surrogates in strings,
-    no more values than any valid input holds; errors name `source`."""
+    no more values than any valid input holds; errors name `source` (and the field, for
+    a number refused)."""
     _refuse_oversized(text, source)
     try:
         data = json.loads(
-            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_short_int
+            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refused_constant, parse_float=_finite_float, parse_int=_short_int
         )
+        if (refused := _path_to_refused(data)) is not None:
+            path, number = refused
+            raise _BadJson(f"{path}: {number.why}" if path else number.why)
         if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(data)) is not None:
             raise _BadJson(f"a string holds an unpaired UTF-16 surrogate ({bad[:20]!a})")
         return data

@@ -381,9 +381,20 @@ def test_unknown_method_and_picture_type(tmp_path):
 
 def test_problem_command_rejects_bad_options(tmp_path):
     out = tmp_path / "p.json"
-    result = invoke("problem", "-p", 2, "-m", 2, "--forward", -1, "-o", out)
-    assert result.exit_code == 2
-    assert "stages.0.forward: Input should be greater than 0" in one_error_line(result)
+    # Each option named as typed, not as the field of the problem it would write.
+    for option, value, says in (
+        ("--forward", -1, "Input should be greater than 0"),
+        ("--backward-input", 0, "Input should be greater than 0"),
+        ("--backward-weight", -2, "Input should be greater than 0"),
+        ("--backward", 0, "Input should be greater than 0"),
+        ("--comm", -1, "Input should be greater than or equal to 0"),
+        ("--mem-forward", -1, "Input should be greater than or equal to 0"),
+        ("--memory-limit", -3, "Input should be greater than 0"),
+        ("--memory-limit", 0.5, "device 0 limit 0.5 is below one forward of stage 0"),
+    ):
+        result = invoke("problem", "-p", 2, "-m", 2, option, value, "-o", out)
+        assert result.exit_code == 2
+        assert one_error_line(result).startswith(f"error: {option}: {says}"), (option, result.stderr)
     result = invoke("problem", "-p", 2, "-m", 2, "--placement", "zigzag", "-o", out)
     assert result.exit_code == 2
     assert "placement: 'zigzag' is not one of" in one_error_line(result)

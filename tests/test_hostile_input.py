@@ -263,11 +263,11 @@ class Case:
 
 
 PROBLEM_FILES = {
-    "nan_forward.json": "NaN",
-    "inf_comm.json": "Infinity",
-    "neg_inf_memory.json": "Infinity",
+    "nan_forward.json": "stages.0.forward: NaN",
+    "inf_comm.json": "comm_time: Infinity",
+    "neg_inf_memory.json": "backward_weight: -Infinity",
     "huge_forward.json": "stages.0.forward",
-    "overflow_forward.json": "1e400",
+    "overflow_forward.json": "stages.0.forward: 1e400",
     "string_devices.json": "num_devices",
     "bool_devices.json": "num_devices",
     "duplicate_key.json": "'num_devices' appears twice",
@@ -286,7 +286,7 @@ PROBLEM_FILES = {
     "folder.json": "directory",
     "huge.json": "bytes",
     "missing.json": "no such file",
-    "vocab_nan.json": "NaN",
+    "vocab_nan.json": "vocab_parallel.backward: NaN",
     "vocab_barriers.json": "vocab_parallel.barriers",
     "vocab_float_barriers.json": "vocab_parallel.barriers: Input should be a valid integer",
     "vocab_slices.json": "token slices",
@@ -294,8 +294,8 @@ PROBLEM_FILES = {
 }
 SCHEDULE_FILES = {
     "vocab_pass_without_vocab.json": "the problem has no vocab_parallel",
-    "nan_start.json": "NaN",
-    "inf_end.json": "Infinity",
+    "nan_start.json": ".start: NaN",
+    "inf_end.json": ".end: Infinity",
     "stage_out_of_range.json": "devices.0.0.stage: 7 is out of range",
     "microbatch_out_of_range.json": "devices.0.0.microbatch: 99 is out of range",
     "deep.json": "nested too deeply",
@@ -588,7 +588,11 @@ def cases() -> list[Case]:
             ["solve", "{C}/l.json", "-p", "2", "-m", "4", "--placement", "", "-o", "{O}/s.json"],
             ["placement"],
         ),
-        Case("solve-layers-nan", ["solve", "{C}/layers_nan.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"], ["layers_nan.json", "NaN"]),
+        Case(
+            "solve-layers-nan",
+            ["solve", "{C}/layers_nan.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"],
+            ["layers_nan.json", ".forward: NaN"],
+        ),
         Case(
             "solve-layers-duplicate-name",
             ["solve", "{C}/layers_duplicate_name.json", "-p", "2", "-m", "4", "-o", "{O}/s.json"],
@@ -681,6 +685,9 @@ def cases() -> list[Case]:
             ["--slice-overhead", "past the problem's bounds"],
         ),
         Case("layers-tflops-nan", ["layers", "--tflops", "nan", "-o", "{O}/l.json"], ["--tflops"]),
+        Case("layers-bandwidth-zero", ["layers", "--bandwidth", "0", "-o", "{O}/l.json"], ["--bandwidth: must be positive, got 0"]),
+        Case("layers-bandwidth-negative", ["layers", "--bandwidth", "-1", "-o", "{O}/l.json"], ["--bandwidth: must be positive, got -1"]),
+        Case("layers-tflops-zero", ["layers", "--tflops", "0", "-o", "{O}/l.json"], ["--tflops: must be positive, got 0"]),
         Case("layers-tflops-tiny", ["layers", "--tflops", "1e-300", "-o", "{O}/l.json"], ["--tflops", "layers.1.forward"]),
         Case("layers-blocks-zero", ["layers", "--blocks", "0", "-o", "{O}/l.json"], ["--blocks"]),
         Case("layers-heads-not-dividing", ["layers", "--heads", "7", "--hidden", "64", "-o", "{O}/l.json"], ["--heads", "--hidden 64"]),

@@ -137,6 +137,9 @@ def test_import_skips_communication_and_splits_overlapped_pairs():
         ("0F0,(0F1;)OVERLAP_F_B\n1F0\n", "row 1, column 2: '(0F1;)OVERLAP_F_B' has an empty action in its overlapped pair"),
         ("0F0,\u0660F\u0661\n1F0\n", "row 1, column 2: '\u0660F\u0661' is not a torch action"),  # Arabic-Indic digits
         ("0F0,\uff10F\uff11\n1F0\n", "row 1, column 2: '\uff10F\uff11' is not a torch action"),  # full-width digits
+        # Another file given for the CSV: said so, not counted as ranks ("52 rows" before).
+        (uniform_problem(2, 2).model_dump_json(indent=2), "s.csv: not a torch schedule CSV (it reads as JSON): no cell holds an action"),
+        ("step,loss\n1,2.5\n3,2.1\n", "s.csv: not a torch schedule CSV: no cell holds an action such as 0F0"),
     ],
 )
 def test_import_refuses_malformed_csv_naming_the_cell(text, message):

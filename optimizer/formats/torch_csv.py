@@ -184,6 +184,10 @@ def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> Impo
         raise InputError(f"{source}: not a CSV file ({exc})") from None
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()  # a trailing blank line is not a rank
+    if not _any_action(rows):
+        # A problem or schedule JSON given for the CSV, say: its lines are no ranks.
+        looks = " (it reads as JSON)" if text.lstrip()[:1] in ("{", "[") else ""
+        raise InputError(f"{source}: not a torch schedule CSV{looks}: no cell holds an action such as 0F0 (stage 0, forward, microbatch 0)")
     if len(rows) != problem.num_devices:
         raise InputError(f"{source}: {len(rows)} rows (ranks), the problem has {problem.num_devices} devices")
     orders: list[list[Op]] = []
@@ -200,6 +204,12 @@ def parse_csv(text: str, problem: Problem, source: str = "schedule.csv") -> Impo
             ops += cell_ops
         orders.append(ops)
     return ImportedOrder(orders, overlapped, skipped)
+
+
+def _any_action(rows: list[list[str]]) -> bool:
+    """Whether any cell holds a torch action (or an empty schedule: no cell at all)."""
+    cells = [cell.strip() for row in rows for cell in row if cell.strip()]
+    return not cells or any(_ACTION.match(cell) or _OVERLAP.match(cell) for cell in cells)
 
 
 def _check_op(op: Op, rank: int, problem: Problem, where: str) -> None:
