@@ -47,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.script import run_main  # noqa: E402
 from optimizer.balance import choose_split, choose_vocab_split  # noqa: E402
 from optimizer.exact import SolveOptions, solve  # noqa: E402
 from optimizer.formats.schedule_json import load_schedule  # noqa: E402
@@ -317,4 +318,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

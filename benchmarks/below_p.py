@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import Setting, published_problem, setting_named
 from benchmarks.saving import cores, save_results, selected
+from benchmarks.script import run_main, seconds_list
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import objective_value
 from optimizer.schedules import generate
@@ -91,12 +92,12 @@ def table(results: list[dict], time_limits: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-limits", default="1,5", help="comma-separated seconds for the auto runs")
+    parser.add_argument("--time-limits", type=seconds_list, default="1,5", help="comma-separated seconds for the auto runs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default="", help="run only settings whose name contains this text (or one of these, comma-separated)")
     parser.add_argument("--output", type=Path, default=RESULTS / "below_p.json")
     args = parser.parse_args(argv)
-    time_limits = [float(t) for t in args.time_limits.split(",")]
+    time_limits = args.time_limits
     results: list[dict] = []
     for setting in (setting_named(n) for n in SETTING_NAMES if selected(n, args.only)):
         for limit in limits_of(setting.p):
@@ -114,4 +115,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

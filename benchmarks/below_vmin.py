@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import Setting, published_problem, setting_named
 from benchmarks.saving import cores, save_results, selected
+from benchmarks.script import run_main
 from optimizer.errors import InfeasibleError
 from optimizer.exact import SolveOptions, portfolio, solve
 from optimizer.exact.incumbents import objective_value
@@ -131,4 +132,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem
 from benchmarks.saving import save_results, selected
+from benchmarks.script import run_main
 from benchmarks.solver import PublishedCase, published_cases
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.incumbents import generator_candidates, objective_value
@@ -92,4 +93,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import SETTINGS, published_problem
 from benchmarks.saving import cores, save_results
+from benchmarks.script import run_main, seconds_list
 from optimizer.errors import PipeschedError
 from optimizer.exact import SolveOptions, solve
 from optimizer.schedules import generate
@@ -115,12 +116,12 @@ def markdown(results: list[dict], time_limits: list[float], machine: str) -> str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-limits", default="5", help="comma-separated seconds for each auto run")
+    parser.add_argument("--time-limits", type=seconds_list, default="5", help="comma-separated seconds for each auto run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default="", help="run only cases whose setting or torch name contains this text")
     parser.add_argument("--output", type=Path, default=RESULTS / "builtins.json")
     args = parser.parse_args(argv)
-    time_limits = [float(t) for t in args.time_limits.split(",")]
+    time_limits = args.time_limits
     machine = f"{platform.machine()} ({cores()} cores)"
     results = []
     for setting in SETTINGS:
@@ -142,4 +143,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -53,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+
 # Our family -> the torch.distributed.pipelining class it is compared with.
 TORCH_PEERS = {
     "gpipe": "ScheduleGPipe",
@@ -472,7 +473,8 @@ def depth_schedules(problem, solve_seconds: float) -> dict:
     fitting = [s for name, s in built.items() if s.fits_memory() and name not in schedules]
     best = min(fitting, key=lambda s: s.makespan)
     schedules[f"best family ({best.method})"] = best
-    schedules["auto"] = solve(problem, "auto", SolveOptions(time_limit=solve_seconds, threads=1))
+    if solve_seconds > 0:  # 0: skip it (--solve-seconds)
+        schedules["auto"] = solve(problem, "auto", SolveOptions(time_limit=solve_seconds, threads=1))
     return schedules
 
 
@@ -531,6 +533,8 @@ def print_synthetic(rows: list[dict]) -> dict:
             f"| {r['cpu_ms_ours'] / r['cpu_ms_torch_runtime']:.3f} |"
         )
     by_name = {r["schedule"]: r for r in rows}
+    if "auto" not in by_name:  # --solve-seconds 0
+        return {"predicted_ms": None, "measured_ms": None, "realized_share": None}
     predicted_gain = by_name["1f1b"]["predicted_ms"] - by_name["auto"]["predicted_ms"]
     measured_gain = by_name["1f1b"]["measured_ms"] - by_name["auto"]["measured_ms"]
     share = measured_gain / predicted_gain if predicted_gain > 0 else None

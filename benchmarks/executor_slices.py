@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=4096, help="synthetic: hidden size of the cost model")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--solve-seconds", type=float, default=20.0)
+    parser.add_argument("--solve-seconds", type=float, default=20.0, help="time limit of the `auto` schedule (0: skip it)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     p, k = args.devices, args.slices
@@ -163,7 +163,8 @@ def main() -> None:
     sliced = with_slices(whole, cut)
     schedules = {"1f1b (unsliced)": generate(whole, "1f1b")}
     schedules.update({family: generate(sliced, family) for family in ("terapipe", "seq1f1b")})
-    schedules["auto"] = solve(sliced, "auto", SolveOptions(time_limit=args.solve_seconds, threads=1))
+    if args.solve_seconds > 0:
+        schedules["auto"] = solve(sliced, "auto", SolveOptions(time_limit=args.solve_seconds, threads=1))
     # A real model's sliced ops are also profiled: seq1f1b runs every slice's F and BW,
     # seq1f1b-zb its B and W.
     profiled = not args.model.startswith("synthetic")
@@ -204,11 +205,12 @@ def main() -> None:
         retimed = f"{r['predicted_sliced_profile_ms']:.1f} | {r['error_sliced_profile']:+.1%}" if "error_sliced_profile" in r else "- | -"
         print(f"| {r['schedule']} | {r['slices']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error']:+.1%} | {retimed} |")
     base = rows[0]
-    auto = next(r for r in rows if r["schedule"] == "auto")
-    print(
-        f"\nauto against unsliced 1F1B: predicted {base['predicted_ms'] / auto['predicted_ms']:.2f}x shorter, "
-        f"measured {base['measured_ms'] / auto['measured_ms']:.2f}x"
-    )
+    auto = next((r for r in rows if r["schedule"] == "auto"), None)  # None with --solve-seconds 0
+    if auto is not None:
+        print(
+            f"\nauto against unsliced 1F1B: predicted {base['predicted_ms'] / auto['predicted_ms']:.2f}x shorter, "
+            f"measured {base['measured_ms'] / auto['measured_ms']:.2f}x"
+        )
     load_at_end = os.getloadavg()
     print(f"load average (1 min) at start {load_at_start[0]:.2f}, at end {load_at_end[0]:.2f} on {os.cpu_count()} cores")
     setup = {

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem, setting_named
 from benchmarks.saving import save_results
+from benchmarks.script import run_main
 from optimizer.exact.fluidbound import COARSE, default_samples, fluid_bound
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -119,4 +120,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem, setting_named
 from benchmarks.saving import save_results
+from benchmarks.script import run_main
 from benchmarks.solver import Case, build_problem
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.periodic import Key, period_status, repeated_pattern, unroll
@@ -185,4 +186,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.script import run_main
 from optimizer.io import write_json_atomic
 from optimizer.problem import Problem, uniform_problem
 from optimizer.schedule import compute_metrics
@@ -135,4 +136,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

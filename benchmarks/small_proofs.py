@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import published_problem, setting_named
 from benchmarks.saving import save_results
+from benchmarks.script import run_main
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.incumbents import objective_value
@@ -122,4 +123,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.published import SETTINGS, Setting, published_problem
 from benchmarks.saving import cores, save_results, selected
+from benchmarks.script import run_main, seconds_list
 from benchmarks.sliced_suites import run_suite
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.incumbents import generator_candidates, objective_value
@@ -308,7 +309,7 @@ def published_markdown(results: list[dict], time_limits: list[float]) -> str:
 
 
 def main_published(args: argparse.Namespace) -> None:
-    time_limits = [float(t) for t in args.time_limits.split(",") if t.strip()]
+    time_limits = args.time_limits
     cases = [c for c in published_cases() if selected(c.name, args.only)]
     output = args.output or RESULTS / "published.json"
     results: list[dict] = []
@@ -354,7 +355,7 @@ def main() -> None:
     )
     parser.add_argument("--full", action="store_true", help="run the whole grid (192 cases) instead of the sample")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per case (grid suite)")
-    parser.add_argument("--time-limits", default="5,60", help="comma-separated seconds per auto run (published suite)")
+    parser.add_argument("--time-limits", type=seconds_list, default="5,60", help="comma-separated seconds per auto run (published suite)")
     parser.add_argument("--only", default="", help="run only cases whose name contains this text (or one of these, comma-separated)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None, help="results JSON (default: results/solver.json or published.json)")
@@ -390,4 +391,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

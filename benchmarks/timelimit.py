@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.saving import selected
+from benchmarks.script import run_main
 from optimizer.exact import SolveOptions, solve
 from optimizer.exact.api import WHOLE_MODEL_MAX_OPS, whole_model_refusal
 from optimizer.io import write_json_atomic
@@ -88,4 +89,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)
