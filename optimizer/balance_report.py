@@ -134,7 +134,7 @@ def _print_table(result: BalanceResult, objective: str) -> None:
     from optimizer.cli import metrics_line, stdout_console
 
     table = Table(title=f"layer splits ({len(result.trials)} tried)")
-    for column in ("split", "layers per stage", objective, "peak memory with parameters", ""):
+    for column in ("split", "layers per stage", objective, "peak memory with parameters", "note"):
         table.add_column(column, no_wrap=column == "layers per stage")
     for trial in _shown(result):
         peak = _peak(trial)
