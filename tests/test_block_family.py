@@ -132,3 +132,15 @@ def test_earliest_fit_with_ws_placed_is_the_first_slot_a_walk_accepts(p):
             for times in (placed, holed):
                 line = _Timeline({k: list(v) for k, v in times.items()}, implicit_w=False, deltas=deltas)
                 _earliest_fit_matches_the_walk(line, times, deltas, rng)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_blocks_within_a_cap_are_the_family_by_peak_filtered(p):
+    # paper_blocks_within stops a block's peak at its first device over the cap; the
+    # blocks it keeps, and their order, must be those of the full ranking.
+    from optimizer.schedules.block_family import paper_blocks_within
+
+    full = paper_blocks_by_peak(p)
+    for cap in range(0, max(peak for peak, _ in full) + 2):
+        assert list(paper_blocks_within(p, cap)) == [block for peak, block in full if peak <= cap], cap
+    assert steady_peak(full[0][1], above=0) > 0  # stopped early, still over the cap

@@ -90,12 +90,16 @@ def _absolute(phases: Sequence[Sequence[int]]) -> Block:
     return tuple(tuple(row) for row in slots)
 
 
-def steady_peak(offsets: Sequence[Sequence[int]]) -> int:
+def steady_peak(offsets: Sequence[Sequence[int]], above: int | None = None) -> int:
     """The most chunk activations any device holds once the block repeats every period:
     a chunk's activation lives from its forward to its W (W's as `block_reorder` places
-    them); the warm-up and cool-down of a repeated block hold no more."""
+    them); the warm-up and cool-down of a repeated block hold no more. With `above`, the
+    first device's count over it as soon as one is found (a value over `above`, not
+    necessarily the peak): the other devices are not looked at."""
     peak = 0
     for row in offsets:
+        if above is not None and peak > above:
+            return peak
         slot = block_slots(row)
         if slot is None:
             raise ValueError("two ops of a device share a slot of the period")
@@ -105,6 +109,16 @@ def steady_peak(offsets: Sequence[Sequence[int]]) -> int:
             t = base + phase
             peak = max(peak, sum((t - start) // _PERIOD - (t - end) // _PERIOD for start, end in lives))
     return peak
+
+
+@lru_cache(maxsize=8)
+def paper_blocks_within(p: int, cap: int) -> tuple[Block, ...]:
+    """The family's blocks on p devices whose steady peak is at most `cap`, highest peak
+    first (ties in the family's order): `paper_blocks_by_peak` filtered, without the full
+    peak of the blocks over the cap (at p = 256 under a tight limit, most of them: 20 s
+    for every block's peak there)."""
+    fitting = [(peak, block) for block in paper_blocks(p) if (peak := steady_peak(block, above=cap)) <= cap]
+    return tuple(block for _, block in sorted(fitting, key=lambda pair: -pair[0]))
 
 
 @lru_cache(maxsize=8)

@@ -59,7 +59,7 @@ from itertools import chain, product
 from optimizer.errors import DeadlockError, InfeasibleError
 from optimizer.problem import Problem
 from optimizer.schedule import fits_limits, longest_span, peak_memory
-from optimizer.schedules.block_family import paper_blocks_by_peak
+from optimizer.schedules.block_family import paper_blocks_within
 from optimizer.schedules.block_reorder import reordered_block_orders
 from optimizer.schedules.building_block import building_block_orders, device_deltas
 from optimizer.schedules.greedy import greedy
@@ -211,7 +211,7 @@ def _limit_cap(problem: Problem) -> int | None:
 
 def _fitting_family(problem: Problem, limit_cap: int) -> list[tuple[tuple[int, ...], ...]]:
     """The paper's family blocks whose steady peak fits `limit_cap`, highest peak first."""
-    return [block for peak, block in paper_blocks_by_peak(problem.num_devices) if peak <= limit_cap]
+    return list(paper_blocks_within(problem.num_devices, limit_cap))
 
 
 def _denser_squeezes(problem: Problem) -> list[tuple[list[float], list[tuple[float, ...]] | None]]:
