@@ -149,6 +149,10 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     return data
 
 
+# Digits of the longest integer read: far beyond any field's range (counts, sizes, seeds).
+_MAX_INT_DIGITS = 30
+
+
 class _Refused:
     """A number the parser met and refused (NaN, Infinity, an overflow, too many digits),
     left in place so that the error can name the field holding it (`_path_to_refused`)."""
@@ -157,13 +161,30 @@ class _Refused:
         self.why = why
 
 
-def _refused_constant(name: str) -> _Refused:
-    return _Refused(f"{name} is not a number pipesched accepts (only finite numbers)")
+class _Numbers:
+    """The parser's number hooks for one file: finite floats and short integers as they
+    are, the others as _Refused; `refused` tells whether the parsed data holds one (so that
+    only then is it walked)."""
 
+    def __init__(self) -> None:
+        self.refused = False
 
-def _finite_float(text: str) -> float | _Refused:
-    value = float(text)
-    return value if math.isfinite(value) else _Refused(f"{text} overflows a 64-bit float")
+    def _refuse(self, why: str) -> _Refused:
+        self.refused = True
+        return _Refused(why)
+
+    def constant(self, name: str) -> _Refused:
+        return self._refuse(f"{name} is not a number pipesched accepts (only finite numbers)")
+
+    def finite_float(self, text: str) -> float | _Refused:
+        value = float(text)
+        return value if math.isfinite(value) else self._refuse(f"{text} overflows a 64-bit float")
+
+    def short_int(self, text: str) -> int | _Refused:
+        digits = len(text.lstrip("-"))
+        if digits > _MAX_INT_DIGITS:
+            return self._refuse(f"an integer of {digits} digits is out of range for every field")
+        return int(text)
 
 
 def _path_to_refused(data: object) -> tuple[str, _Refused] | None:
@@ -216,27 +237,21 @@ def _refuse_oversized(text: str, source: str) -> None:
         raise InputError(f"{source}: about {values} JSON values is more than the {MAX_JSON_VALUES} pipesched reads (README, Size limits)")
 
 
-# Digits of the longest integer read: far beyond any field's range (counts, sizes, seeds).
-_MAX_INT_DIGITS = 30
-
-
-def _short_int(text: str) -> int | _Refused:
-    digits = len(text.lstrip("-"))
-    if digits > _MAX_INT_DIGITS:
-        return _Refused(f"an integer of {digits} digits is out of range for every field")
-    return int(text)
-
-
 def parse_json(text: str, source: str) -> object:
     """Strict JSON: finite numbers only, no duplicate keys, no lone surrogates in strings,
     no more values than any valid input holds; errors name `source` (and the field, for
     a number refused)."""
     _refuse_oversized(text, source)
     try:
+        numbers = _Numbers()
         data = json.loads(
-            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refused_constant, parse_float=_finite_float, parse_int=_short_int
+            text,
+            object_pairs_hook=_no_duplicate_keys,
+            parse_constant=numbers.constant,
+            parse_float=numbers.finite_float,
+            parse_int=numbers.short_int,
         )
-        if (refused := _path_to_refused(data)) is not None:
+        if numbers.refused and (refused := _path_to_refused(data)) is not None:
             path, number = refused
             raise _BadJson(f"{path}: {number.why}" if path else number.why)
         if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(data)) is not None:
