@@ -657,3 +657,22 @@ def test_the_milp_bound_stays_below_the_optimum_when_hinted_with_a_known_schedul
         assert validate(problem, schedule.devices) == []
         assert schedule.metrics.lower_bound is not None and schedule.metrics.lower_bound <= optimum * (1 + 1e-9)
         assert schedule.makespan >= optimum * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("method", ["cpsat", "milp"])
+def test_a_limit_spent_on_the_starting_points_builds_no_model(method, monkeypatch):
+    # --time-limit 0.01 built the MILP all the same (its build, then at least 1 s of back
+    # end): 2.3-3.2 s for what asked for a first schedule. With less than
+    # MODEL_MIN_SECONDS left and a fitting schedule known, the model is left out.
+    from optimizer.exact import api
+
+    built = []
+    monkeypatch.setattr(api, "_whole_milp", lambda *args: built.append("milp"))
+    monkeypatch.setattr(api, "whole_model", lambda *args: built.append("cpsat"))
+    # (every backward a fused-or-split choice: the bound leaves a gap the model is for)
+    problem = uniform_problem(4, 6, 1.0, 1.0, 0.6, comm_time=0.03, backward=1.2, mem_backward_input=-0.63)
+    schedule = solve(problem, method, SolveOptions(time_limit=0.01))
+    assert built == [] and schedule.metrics.status == "heuristic"
+    assert_valid(schedule)
+    solve(problem, method, SolveOptions(time_limit=api.MODEL_MIN_SECONDS + 2))
+    assert built == [method]
