@@ -231,6 +231,7 @@ _FIELD_OPTIONS = {
     "memory.forward": "--mem-forward",
     "memory.backward_input": "--mem-backward-input",
     "memory.backward_weight": "--mem-backward-weight",
+    "memory": "--mem-forward, --mem-backward-input, --mem-backward-weight",  # their sum
 }
 _PROBLEM_FIELD = re.compile(r"^problem: (?:stages\.\d+\.(?P<stage>[a-z_.]+)|(?P<top>comm_time|memory_limit)): ")
 

@@ -395,6 +395,10 @@ def test_problem_command_rejects_bad_options(tmp_path):
         result = invoke("problem", "-p", 2, "-m", 2, option, value, "-o", out)
         assert result.exit_code == 2
         assert one_error_line(result).startswith(f"error: {option}: {says}"), (option, result.stderr)
+    result = invoke("problem", "-p", 2, "-m", 2, "--mem-backward-input", 5, "--mem-backward-weight", 1, "-o", out)
+    assert one_error_line(result).startswith(
+        "error: --mem-forward, --mem-backward-input, --mem-backward-weight: memory deltas must sum to 0"
+    ), result.stderr
     result = invoke("problem", "-p", 2, "-m", 2, "--placement", "zigzag", "-o", out)
     assert result.exit_code == 2
     assert "placement: 'zigzag' is not one of" in one_error_line(result)
