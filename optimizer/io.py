@@ -314,9 +314,26 @@ def writes_stdout(path: str | Path) -> bool:
     return (given.st_dev, given.st_ino) == (stdout.st_dev, stdout.st_ino)
 
 
+# Names of this process's own open files: /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N.
+_PROCESS_FD = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
+
+
+def process_fd(path: str | Path) -> int | None:
+    """The file descriptor `path` names when it names one of this process's open files
+    (`-o /dev/stdout`), else None. Such an output is written into the descriptor, at its
+    offset: resolved and replaced like a file, a redirected stdout lost what was written
+    around it, and a second write replaced /dev/stdout itself (a deleted file's link)."""
+    text = os.fspath(path)
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}.get(text)
+    found = _PROCESS_FD.match(text)
+    return named if named is not None else int(found[1]) if found else None
+
+
 def output_target(path: str | Path) -> Path:
     """Where writing `path` lands: its symbolic links followed; a link that names no path
     (/dev/stdout on a pipe points at "pipe:[...]") is written through as given."""
+    if process_fd(path) is not None:
+        return Path(path)  # written into the descriptor (write_outputs), never resolved
     resolved = Path(os.path.realpath(path))
     try:
         if not resolved.exists() and os.path.exists(path):
@@ -358,6 +375,12 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
         if target in seen:
             raise InputError(f"{path}: given as two outputs")
         seen.append(target)
+        if (fd := process_fd(path)) is not None:
+            try:
+                os.fstat(fd)
+            except OSError:
+                raise InputError(f"{path}: this process has no file descriptor {fd} open") from None
+            continue
         try:
             info = target.stat()
         except FileNotFoundError:
@@ -422,6 +445,8 @@ def write_outputs(outputs: Sequence[tuple[str | Path, str]]) -> None:
     current: _Staged | None = None
     try:
         for current in staged:
+            if process_fd(current.path) is not None:
+                continue
             try:
                 info: os.stat_result | None = current.target.stat()
             except FileNotFoundError:
@@ -438,7 +463,9 @@ def write_outputs(outputs: Sequence[tuple[str | Path, str]]) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())  # a full disk shows here, before anything is replaced
         for current in staged:  # devices and FIFOs first: they are the ones that can still fail
-            if current.tmp is None:
+            if (descriptor := process_fd(current.path)) is not None:
+                _write_fd(descriptor, current.text)
+            elif current.tmp is None:
                 _write_into(current.target, current.text)
         for current in staged:
             if current.tmp is not None:
@@ -461,12 +488,28 @@ def _write_into(target: Path, text: str) -> None:
     fd = os.open(target, os.O_WRONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         os.set_blocking(fd, True)
-        data = text.encode("utf-8")
-        while data:
-            written = os.write(fd, data)
-            data = data[written:]
+        _write_all(fd, text)
     finally:
         os.close(fd)
+
+
+def _write_fd(fd: int, text: str) -> None:
+    """Write into one of this process's open descriptors, after what Python's own streams
+    on it hold (at the descriptor's offset: a redirected stdout keeps what came before)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and stream.fileno() == fd:
+                stream.flush()
+        except (OSError, ValueError, AttributeError):  # a stream with no descriptor (a test's capture)
+            pass
+    _write_all(fd, text)
+
+
+def _write_all(fd: int, text: str) -> None:
+    data = text.encode("utf-8")
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -1276,6 +1276,32 @@ def test_an_output_to_standard_output_through_a_pipe_gets_the_file_alone(tmp_pat
     assert "wrote /dev/stdout" in result.stderr
 
 
+@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1"])
+def test_an_output_to_a_redirected_standard_output_goes_where_the_descriptor_is(tmp_path, name) -> None:
+    # `{ echo header; pipesched export ... -o /dev/stdout; echo footer; } > out.txt`: the
+    # name was resolved to out.txt and out.txt replaced, losing the header and the footer;
+    # a second such command in the same redirect then replaced /dev/stdout itself (it
+    # named a deleted file; not repeated here, where a regression would do it to this
+    # machine). The file is written into the descriptor, at its offset.
+    problem = uniform_problem(2, 4)
+    save_schedule(generate(problem, "1f1b"), tmp_path / "s.json")
+    out = tmp_path / "out.txt"
+    out.write_text("header\n")
+    args = ["export", str(tmp_path / "s.json"), "--format", "torch-csv", "-o", name]
+    with open(out, "a") as handle:
+        result = subprocess.run(
+            CLI + args,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=handle,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=HANG_GUARD_SECONDS,
+        )
+        handle.write("footer\n")
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == "header\n" + torch_csv.export_csv(load_schedule(tmp_path / "s.json")) + "footer\n"
+
+
 def test_a_closed_standard_output_is_one_line_and_nothing_is_written(tmp_path) -> None:
     # Started with `>&-`: Python would drop every print, and a file opened later could
     # take descriptor 1; so the command refuses before any work.
