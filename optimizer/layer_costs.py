@@ -87,7 +87,7 @@ def decoder_layers(sizes: DecoderSizes) -> LayersProfile:
     )
     lookup_ms = 2 * 2 * T * h / (sizes.bandwidth_gbs * 1e9) * 1e3  # read and write T x h bf16 values
     head_ms = _ms(2 * T * h * V, sizes)
-    layers = [_layer("embedding", "embedding", (lookup_ms, lookup_ms, lookup_ms), (8.0 * T, 8.0 * T), V * h * per_param)]
+    layers = [_layer("tok_embeddings", "embedding", (lookup_ms, lookup_ms, lookup_ms), (8.0 * T, 8.0 * T), V * h * per_param)]
     layers += [_layer(f"layers.{i}", "block", block, (block_activation, 14.0 * T * h), 12 * h * h * per_param) for i in range(sizes.blocks)]
     layers.append(_layer("output", "head", (head_ms, head_ms, head_ms), ((4 * V + 2 * h) * T, (2 * V + 2 * h) * T), V * h * per_param))
     return validate_model(

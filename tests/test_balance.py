@@ -363,3 +363,29 @@ def test_the_least_limit_named_when_no_split_fits_is_one_that_fits(tmp_path, siz
     assert named is not None, refused.stderr
     solved = runner.invoke(app, [*common, "--memory-limit", named.group(1)])
     assert solved.exit_code == 0, solved.output
+
+
+# ------------------------------------------------------------------------------ torchtitan modules
+
+
+def test_torchtitan_modules_hold_every_module_a_decoder_has(tmp_path):
+    # torchtitan deletes from a stage every module its list leaves out: the generated
+    # names were "embedding" (torchtitan's is tok_embeddings) and the head's "output"
+    # alone (its final norm, "norm", was dropped, and a decoder skips a missing norm).
+    from optimizer.formats.layer_lists import layer_names
+    from optimizer.schedules import generate
+
+    runner = CliRunner()
+    layers_file, schedule_file = tmp_path / "l.json", tmp_path / "s.json"
+    assert runner.invoke(app, ["layers", "--blocks", "6", "--vocab", "1000", "-o", str(layers_file)]).exit_code == 0
+    result = runner.invoke(app, ["solve", str(layers_file), "-p", "2", "-m", "4", "--time-limit", "1", "-q", "-o", str(schedule_file)])
+    assert result.exit_code == 0, result.output
+    names = layer_names(load_schedule(schedule_file))
+    assert names[0][0] == "tok_embeddings" and names[-1][-2:] == ["norm", "output"]
+    assert [n for stage in names for n in stage] == ["tok_embeddings", *(f"layers.{i}" for i in range(6)), "norm", "output"]
+    # A layers file that names its own norm layer keeps it once.
+    data = json.loads(layers_file.read_text())
+    data["layers"].insert(-1, {**data["layers"][1], "name": "norm"})
+    problem = split_problem(layers_from_json(data), Placement.named("linear", 2), [4, 5], 4)
+    listed = layer_names(generate(problem, "1f1b"))
+    assert [n for stage in listed for n in stage].count("norm") == 1

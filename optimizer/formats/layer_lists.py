@@ -3,6 +3,13 @@
 torchtitan builds each pipeline stage from a list of module names
 (`module_fqns_per_model_part`); with a layers file whose layer names are the model's
 module names, this is that list of lists, one per stage in stage order, as JSON.
+
+A layers file's head (kind `head`) is the final norm, the output layer and the loss;
+torchtitan's decoders hold the norm as its own module, `norm`, run just before the output
+layer, and delete from a stage every module its list leaves out (their forward then skips
+it): so the stage holding the head lists `norm` before it, unless the file names a `norm`
+layer itself. `pipesched layers` names its layers as torchtitan's decoders do
+(`tok_embeddings`, `layers.N`, `output`).
 """
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ from optimizer.errors import InputError
 from optimizer.formats import ScheduleFormat
 from optimizer.schedule import Schedule
 
+# torchtitan's name for a decoder's final norm (the module before the output layer).
+NORM = "norm"
+
 
 def layer_names(schedule: Schedule) -> list[list[str]]:
     if schedule.problem.vocab_parallel is not None:
@@ -20,11 +30,17 @@ def layer_names(schedule: Schedule) -> list[list[str]]:
             "format: torchtitan-modules lists the embedding and the output layer in stages; this schedule shards them "
             "over every device (vocabulary parallelism), which torchtitan's stages do not: run it with pipesched run"
         )
-    names = []
-    for s, stage in enumerate(schedule.problem.stages):
+    stages = schedule.problem.stages
+    names: list[list[str]] = []
+    for s, stage in enumerate(stages):
         if stage.layers is None:
             raise InputError(f"format: torchtitan-modules needs the layer split; stage {s} lists no layers")
         names.append([layer.name for layer in stage.layers])
+    has_norm = any(NORM in stage_names for stage_names in names)
+    for stage, stage_names in zip(stages, names):
+        for i, layer in enumerate(stage.layers or ()):
+            if layer.kind == "head" and not has_norm:
+                stage_names.insert(i, NORM)
     return names
 
 
