@@ -279,6 +279,16 @@ def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES) -> object:
     return parse_json(read_input_text(path, limit).removeprefix("\ufeff"), str(path))
 
 
+def json_kind(value: object) -> str:
+    """What a parsed JSON value is, in JSON's words ("a list", "null"), for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    names = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
 def validate_model(model: type[Model], data: object, source: str) -> Model:
     try:
         return model.model_validate(data)

@@ -571,9 +571,13 @@ _NOT_A_PROBLEM = {
 def problem_from_json(data: object, source: str = "problem") -> Problem:
     """Validate parsed problem JSON; errors name the source and the field."""
     from optimizer.errors import InputError
-    from optimizer.io import validate_model
+    from optimizer.io import json_kind, validate_model
 
-    kind = data.get("format") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{source}: not a problem (the file holds {json_kind(data)}; a problem is an object with num_devices, num_microbatches and stages)"
+        )
+    kind = data.get("format")
     if isinstance(kind, str) and kind in _NOT_A_PROBLEM:
         raise InputError(f"{source}: is {_NOT_A_PROBLEM[kind]}")
     return validate_model(Problem, data, source)

@@ -472,3 +472,18 @@ def test_a_huge_integer_is_named_out_of_range_and_a_csv_may_start_with_a_byte_or
     result = invoke("import", csv, "--problem", problem, "-o", tmp_path / "s.json")
     assert result.exit_code == 0, result.output
     assert load_schedule(tmp_path / "s.json").makespan > 0
+
+
+@pytest.mark.parametrize(("text", "holds"), [("[]", "a list"), ("null", "null"), ("3", "a number"), ('"x"', "a string"), ("true", "true")])
+def test_a_file_that_is_no_json_object_says_what_it_holds(tmp_path, text, holds):
+    # It said "format is 'NoneType'" or "'list'" (Python's type names) for a schedule, and
+    # "Input should be a valid dictionary or instance of Problem" for a problem.
+    path = write(tmp_path, "e.json", text)
+    result = invoke("validate", path)
+    assert result.exit_code == 2
+    assert f"e.json: not a pipesched schedule (the file holds {holds}; a schedule is an object" in one_error_line(result)
+    result = invoke("compare", path)
+    assert result.exit_code == 2
+    assert f"e.json: not a problem (the file holds {holds}; a problem is an object" in one_error_line(result)
+    result = invoke("validate", write(tmp_path, "o.json", "{}"))
+    assert 'not a pipesched schedule (no "format" key' in one_error_line(result)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.errors import InputError, ScheduleError
 from optimizer.formats import ScheduleFormat
-from optimizer.io import MAX_INPUT_BYTES, read_json, validate_model, write_json_atomic
+from optimizer.io import MAX_INPUT_BYTES, json_kind, read_json, validate_model, write_json_atomic
 from optimizer.ops import VOCAB_KINDS, TimedOp
 from optimizer.problem import MAX_OPS, MAX_VALUE, Problem
 from optimizer.schedule import Schedule, longest_span
@@ -90,9 +90,13 @@ def schedule_to_json(schedule: Schedule) -> dict:
 
 def schedule_from_json(data: object, source: str = "schedule", *, check: bool = True) -> Schedule:
     """Build a schedule from JSON data; with `check`, refuse one that breaks any rule."""
-    if not isinstance(data, dict) or data.get("format") != NAME:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise InputError(f"{source}: not a pipesched schedule (format is {found!r}, expected {NAME!r})")
+    if not isinstance(data, dict):
+        raise InputError(
+            f'{source}: not a pipesched schedule (the file holds {json_kind(data)}; a schedule is an object with "format": {NAME!r})'
+        )
+    if data.get("format") != NAME:
+        found = f"format is {data['format']!r}" if "format" in data else 'no "format" key'
+        raise InputError(f"{source}: not a pipesched schedule ({found}, expected {NAME!r})")
     version = data.get("version")
     if type(version) is not int or version not in VERSIONS:  # true == 1 and 1.0 == 1 in Python
         raise InputError(
