@@ -250,3 +250,14 @@ def test_memory_units_do_not_change_any_family(placement, activations):
     assert reference  # some memory-aware family fits below this many activations
     for unit in (1e-3, 1e-6, 1e-9):
         assert family_orders(unit) == reference, unit
+
+
+def test_a_device_list_out_of_time_order_is_an_order_violation_not_an_overlap():
+    # Two ops swapped in a device's list, each at its own time: nothing overlaps, but the
+    # list (the device's order, which every export and the executor follow) is wrong.
+    problem = uniform_problem(2, 2)
+    devices = [list(ops) for ops in generate(problem, "1f1b").devices]
+    devices[0][0], devices[0][1] = devices[0][1], devices[0][0]
+    violations = validate(problem, devices)
+    assert any(v.startswith("order: ") and "list each device's ops in the order they run" in v for v in violations), violations
+    assert not any(v.startswith("overlap: ") for v in violations), violations
