@@ -701,10 +701,14 @@ def cases() -> list[Case]:
         Case("solve-schedule-with-devices", ["solve", "{C}/s.json", "-p", "2", "-o", "{O}/o.json"], ["--devices", "s.json is a schedule"]),
         # A 100 kB option value was echoed whole: the line is cut after its start.
         Case("solve-method-100kB", ["solve", "{C}/p.json", "--method", "m" * 100_000, "-o", "{O}/s.json"], ["method:", "message cut"]),
-        Case(
-            "export-layout-without-split",
-            ["export", "{C}/s.json", "--format", "megatron-layout", "-o", "{O}/x.txt"],
-            ["megatron-layout", "layer split"],
+        *(
+            # one message for the three split formats, with the way to get a split
+            Case(
+                f"export-{name}-without-split",
+                ["export", "{C}/s.json", "--format", name, "-o", "{O}/x.txt"],
+                [f"format: {name} needs the layer split; stage 0 lists no layers (solve a layers file"],
+            )
+            for name in ("megatron-layout", "torchtitan-modules", "example-split")
         ),
         Case(
             "profile-per-layer-two-ranks",

@@ -60,3 +60,12 @@ def get_format(name: str) -> ScheduleFormat:
     if name not in known:
         raise InputError(f"format: '{name}' is not one of {', '.join(known)}")
     return known[name]
+
+
+def missing_split(format_name: str, stage: int) -> InputError:
+    """The error of a layer-split format given a schedule without one (stage `stage` lists
+    no layers), the same for every such format, with the way to get a split."""
+    return InputError(
+        f"format: {format_name} needs the layer split; stage {stage} lists no layers "
+        "(solve a layers file, `pipesched solve layers.json ...`, to get one)"
+    )

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from optimizer.errors import InputError
-from optimizer.formats import ScheduleFormat
+from optimizer.formats import ScheduleFormat, missing_split
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 
@@ -18,7 +17,7 @@ def blocks_per_stage(problem: Problem) -> list[int] | None:
 def write(schedule: Schedule) -> str:
     blocks = blocks_per_stage(schedule.problem)
     if blocks is None:
-        raise InputError("format: example-split needs the layer split; the schedule's stages list no layers")
+        raise missing_split("example-split", next(s for s, stage in enumerate(schedule.problem.stages) if stage.layers is None))
     return "split=" + "/".join(map(str, blocks)) + "\n"
 
 

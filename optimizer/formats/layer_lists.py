@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 from optimizer.errors import InputError
-from optimizer.formats import ScheduleFormat
+from optimizer.formats import ScheduleFormat, missing_split
 from optimizer.schedule import Schedule
 
 # torchtitan's name for a decoder's final norm (the module before the output layer).
@@ -34,7 +34,7 @@ def layer_names(schedule: Schedule) -> list[list[str]]:
     names: list[list[str]] = []
     for s, stage in enumerate(stages):
         if stage.layers is None:
-            raise InputError(f"format: torchtitan-modules needs the layer split; stage {s} lists no layers")
+            raise missing_split("torchtitan-modules", s)
         names.append([layer.name for layer in stage.layers])
     has_norm = any(NORM in stage_names for stage_names in names)
     for stage, stage_names in zip(stages, names):

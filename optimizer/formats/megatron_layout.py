@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from optimizer.errors import InputError
-from optimizer.formats import ScheduleFormat
+from optimizer.formats import ScheduleFormat, missing_split
 from optimizer.layers import LAYOUT_LETTER
 from optimizer.problem import Problem
 from optimizer.schedule import Schedule
@@ -46,10 +46,7 @@ def layout_for(problem: Problem) -> str:
         )
     for s, stage in enumerate(problem.stages):
         if stage.layers is None:
-            raise InputError(
-                f"format: megatron-layout needs the layer split; stage {s} lists no layers "
-                "(solve a layers file, `pipesched solve layers.json ...`, to get one)"
-            )
+            raise missing_split("megatron-layout", s)
         if stage.device != s % p:
             raise InputError(
                 f"format: megatron-layout puts chunk i on rank i mod {p}; stage {s} runs on device "
