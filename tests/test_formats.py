@@ -124,3 +124,14 @@ def test_export_help_names_every_schedule_format_and_its_suffix():
     for name, chosen in formats().items():
         if chosen.subject == "schedule":
             assert name in text and chosen.suffix in text, name
+
+
+def test_the_gantt_legend_speaks_of_later_chunks_only_where_a_device_has_them():
+    from optimizer.formats.gantt_svg import gantt_svg
+    from optimizer.problem import uniform_problem
+    from optimizer.schedules import generate
+
+    linear = gantt_svg(generate(uniform_problem(2, 2), "1f1b"))
+    vshape = gantt_svg(generate(uniform_problem(2, 2, placement="vshape"), "zb-v"))
+    assert "blank: idle" in linear and "later chunk" not in linear
+    assert "lighter: later chunk on the device; blank: idle" in vshape

@@ -57,7 +57,8 @@ def gantt_svg(schedule: Schedule) -> str:
         parts.append(f'<rect x="{legend_x}" y="22" width="10" height="10" fill="{colour}"/>')
         parts.append(f'<text x="{legend_x + 14}" y="31">{kind}</text>')
         legend_x += 44
-    parts.append(f'<text x="{legend_x}" y="31" fill="#555">lighter: later chunk on the device; blank: idle</text>')
+    chunks = "lighter: later chunk on the device; " if problem.num_stages > p else ""  # one stage a device: no later chunk
+    parts.append(f'<text x="{legend_x}" y="31" fill="#555">{chunks}blank: idle</text>')
 
     for d, device in enumerate(schedule.devices):
         y = 40 + d * _ROW
