@@ -70,8 +70,13 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
             expected = op_duration(tables, op.kind, op.stage, op.slice)
             if abs((op.end - op.start) - expected) > _slack(op.start, op.end, cap=cap):
                 violations.append(f"duration: {op.op} on device {d} lasts {op.end - op.start:g}, expected {expected:g}")
-            if previous is not None and op.end <= previous.start + _slack(previous.start, cap=cap):
-                # wholly before the op listed ahead of it: the list is out of order, no two ops overlap
+            if (
+                previous is not None
+                and op.start < previous.start - _slack(previous.start, cap=cap)
+                and op.end <= previous.start + _slack(previous.start, cap=cap)
+            ):
+                # wholly before the op listed ahead of it (an op of no duration at the same
+                # time is not): the list is out of order, no two ops overlap
                 violations.append(
                     f"order: {op.op} runs at {op.start:g} on device {d}, before {previous.op} listed ahead of it (at {previous.start:g}); "
                     "list each device's ops in the order they run"
