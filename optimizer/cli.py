@@ -658,6 +658,7 @@ class _ProgressLine:
         self.live: Live | None = None
         self.began = 0.0
         self.printed_at = -1.0
+        self.warned: set[str] = set()
 
     def __enter__(self) -> _ProgressLine:
         import time
@@ -676,6 +677,11 @@ class _ProgressLine:
             self.live.__exit__(*exc)
 
     def update(self, progress) -> None:
+        if progress.warning is not None:
+            if progress.warning not in self.warned:  # once each, with --quiet too
+                self.warned.add(progress.warning)
+                self.console.print(f"warning: {progress.warning}")
+            return
         self.last = progress
         if progress.phase == "interrupted":
             self.interrupted = True

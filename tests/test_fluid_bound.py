@@ -21,7 +21,7 @@ from optimizer.exact import fluidbound, portfolio
 from optimizer.exact.bounds import lower_bound
 from optimizer.exact.fluidbound import FIRST_PROBE, _data, applicable, build_program, fluid_bound, grid, ramps
 from optimizer.exact.incumbents import objective_value
-from optimizer.exact.options import SolveOptions
+from optimizer.exact.options import Progress, SolveOptions
 from optimizer.exact.spantiming import timed_for
 from optimizer.exact.timescale import integer_tables
 from optimizer.exact.tracker import Tracker
@@ -488,14 +488,53 @@ def _assert_meets_every_row(lp, schedule) -> None:
 
 
 class _FakeSource:
-    def __init__(self, value: float):
-        self.proven, self.closed = value, False
+    def __init__(self, value: float, failed: str | None = None):
+        self.proven, self.closed, self.failed = value, False, failed
 
     def value(self) -> float:
         return self.proven
 
     def close(self) -> None:
         self.closed = True
+
+    def failure(self) -> str | None:
+        return self.failed
+
+
+def test_auto_warns_of_a_fluid_worker_that_failed(tmp_path, monkeypatch, capsys):
+    # `auto`'s fluid phase took a failed worker for "no proof" without a word. Here a
+    # worker that fails as an interpreter without pipesched would; the phase is given its
+    # time directly.
+    from optimizer.cli import _ProgressLine
+    from optimizer.exact.timescale import integer_tables
+    from optimizer.schedules import generate
+
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho 'ImportError: no pipesched here' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setattr(fluidbound.sys, "executable", str(failing))
+    problem = published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 3.0, "vshape")
+    reports: list[Progress] = []
+    tracker = Tracker("span", 60.0, on_progress=reports.append)
+    tracker.offer(generate(problem, "v-auto"), "v-auto")
+    portfolio.fluid_bound(problem, integer_tables(problem), SolveOptions(objective="span"), tracker, time.monotonic() + 30)
+    warnings = [r.warning for r in reports if r.warning is not None]
+    assert len(warnings) == 1 and "the fluid bound's worker failed: ImportError: no pipesched here" in warnings[0]
+    # The command line prints each warning once, on stderr, with --quiet too.
+    line = _ProgressLine(quiet=True)
+    for report in reports + reports:
+        line.update(report)
+    assert capsys.readouterr().err.splitlines() == [f"warning: {warnings[0]}"]
+
+
+def test_a_watched_source_that_failed_is_a_warning_on_release():
+    # A failed worker alongside the search was taken for "no proof" without a word.
+    reports: list[Progress] = []
+    tracker = Tracker("span", 60.0, on_progress=reports.append)
+    tracker.watch(_FakeSource(1.0, failed="the fluid bound's worker failed: MemoryError"), "alongside")
+    tracker.watch(_FakeSource(2.0), "fine")
+    tracker.release()
+    assert [r.warning for r in reports if r.warning is not None] == ["the fluid bound's worker failed: MemoryError"]
 
 
 def test_the_tracker_takes_a_watched_bound_at_each_collect_and_stops_it_on_release():

@@ -557,10 +557,11 @@ class FluidRun:
         return value
 
     def failure(self) -> str | None:
-        """Why the worker failed, where it ended by itself with an error: the last line it
-        wrote to stderr (its exception); None while it runs, after a clean end, or once
-        stopped by `close()`."""
-        return self._failure if self._process is None else _failure_of(self._process, self._err_path)
+        """Why the worker failed, where it ended by itself with an error ("the fluid
+        bound's worker failed: " and the last line it wrote to stderr, its exception);
+        None while it runs, after a clean end, or once stopped by `close()`."""
+        found = self._failure if self._process is None else _failure_of(self._process, self._err_path)
+        return None if found is None else f"the fluid bound's worker failed: {found}"
 
     def close(self) -> None:
         """Stop the worker and remove its files (`value()` is `low` afterwards)."""
@@ -632,7 +633,7 @@ def fluid_bound(
         value = run.finish(began + time_limit + OVERRUN_SECONDS)
         failure = run.failure()
         if failure is not None and value <= low:
-            raise FluidWorkerError(f"the fluid bound's worker failed: {failure}")
+            raise FluidWorkerError(failure)
         return value
 
 

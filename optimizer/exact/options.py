@@ -40,6 +40,9 @@ class Progress:
     incumbent: float | None
     bound: float
     phase: str
+    # Something the user must hear even without the progress line (a bound's worker that
+    # failed): shown as one `warning:` line, also with --quiet.
+    warning: str | None = None
 
     @property
     def gap(self) -> float | None:

@@ -652,6 +652,8 @@ def fluid_bound(problem: Problem, tables: IntegerTables, options: SolveOptions, 
                 stopping.enter_context(run)
         if run is not None:
             tracker.raise_bound(run.finish(until + fluidbound.OVERRUN_SECONDS), FLUID_REASON)
+            if (failure := run.failure()) is not None:
+                tracker.warn(failure)
 
 
 def fluid_bound_alongside(problem: Problem, tables: IntegerTables, options: SolveOptions, tracker: Tracker, until: float) -> None:

@@ -29,6 +29,8 @@ class BoundSource(Protocol):
 
     def close(self) -> None: ...
 
+    def failure(self) -> str | None: ...
+
 
 @dataclass
 class Tracker:
@@ -103,21 +105,27 @@ class Tracker:
         self.watched = [w for w in self.watched if w not in closed]
 
     def release(self) -> None:
-        """Collect a last time and stop the watched sources."""
+        """Collect a last time and stop the watched sources (warning of one that failed)."""
         try:
             self.collect()
         finally:
             for source, _, _ in self.watched:
                 source.close()
+                if (failure := source.failure()) is not None:
+                    self.warn(failure)
             self.watched.clear()
 
-    def report(self, phase: str, incumbent: float | None = None) -> None:
+    def report(self, phase: str, incumbent: float | None = None, warning: str | None = None) -> None:
         if self.on_progress is None:
             return
         shown = self.best_value if self.best is not None else None
         if incumbent is not None and (shown is None or incumbent < shown):
             shown = incumbent
-        self.on_progress(Progress(self.elapsed(), shown, min(self.bound, shown) if shown else self.bound, phase))
+        self.on_progress(Progress(self.elapsed(), shown, min(self.bound, shown) if shown else self.bound, phase, warning))
+
+    def warn(self, text: str) -> None:
+        """Report something the user must hear (Progress.warning)."""
+        self.report("warning", warning=text)
 
     def closed(self) -> bool:
         return self.proven or (self.best is not None and self.best_value <= self.bound * (1 + SAME))
