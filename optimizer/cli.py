@@ -222,8 +222,11 @@ def metrics_line(schedule: Schedule, peak_label: str = "peak memory") -> str:
     return ", ".join(parts)
 
 
-# The field of a uniform problem each `problem` option sets ("stages.3.memory.forward").
+# The field of a uniform problem each `problem` option sets (in every stage, "stages.3.forward", or
+# at the top).
 _FIELD_OPTIONS = {
+    "comm_time": "--comm",
+    "memory_limit": "--memory-limit",
     "forward": "--forward",
     "backward_input": "--backward-input",
     "backward_weight": "--backward-weight",
@@ -233,7 +236,7 @@ _FIELD_OPTIONS = {
     "memory.backward_weight": "--mem-backward-weight",
     "memory": "--mem-forward, --mem-backward-input, --mem-backward-weight",  # their sum
 }
-_PROBLEM_FIELD = re.compile(r"^problem: (?:stages\.\d+\.(?P<stage>[a-z_.]+)|(?P<top>comm_time|memory_limit)): ")
+_PROBLEM_FIELD = re.compile(r"^problem: (?:stages\.\d+\.)?(?P<field>[a-z_.]+): ")
 
 
 def _named_by_option(message: str) -> str:
@@ -242,7 +245,7 @@ def _named_by_option(message: str) -> str:
     found = _PROBLEM_FIELD.match(message)
     if found is None:
         return message
-    option = _FIELD_OPTIONS.get(found["stage"] or "") or {"comm_time": "--comm", "memory_limit": "--memory-limit"}.get(found["top"] or "")
+    option = _FIELD_OPTIONS.get(found["field"])
     return message if option is None else f"{option}: {message[found.end() :]}"
 
 

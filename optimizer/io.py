@@ -21,10 +21,10 @@ import re
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -155,7 +155,7 @@ _MAX_INT_DIGITS = 30
 
 class _Refused:
     """A number the parser met and refused (NaN, Infinity, an overflow, too many digits),
-    left in place so that the error can name the field holding it (`_path_to_refused`)."""
+    left in place so that the error can name the field holding it (`_first_in`)."""
 
     def __init__(self, why: str) -> None:
         self.why = why
@@ -187,17 +187,21 @@ class _Numbers:
         return int(text)
 
 
-def _path_to_refused(data: object) -> tuple[str, _Refused] | None:
-    """The dotted path ("stages.0.forward", "" at the top) of the first refused number in
-    the file's order, and the refusal; None when there is none."""
+def _first_in(data: object, wanted: Callable[[object], bool]) -> tuple[str, object] | None:
+    """The first key or value of parsed JSON, in the file's order, that is `wanted`, with
+    its dotted path ("stages.0.forward", "" at the top); None when there is none."""
     stack: list[tuple[str, object]] = [("", data)]
     while stack:
         path, item = stack.pop()
-        if isinstance(item, _Refused):
+        if wanted(item):
             return path, item
         children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
-        # reversed onto the stack, so the first child is looked at first
-        stack.extend(reversed([(f"{path}.{key}" if path else str(key), value) for key, value in children]))
+        # reversed onto the stack, so the first child is looked at first; a key before its value
+        for key, value in reversed(list(children)):
+            inner = f"{path}.{key}" if path else str(key)
+            stack.append((inner, value))
+            if isinstance(key, str):
+                stack.append((inner, key))
     return None
 
 
@@ -205,21 +209,10 @@ def _path_to_refused(data: object) -> tuple[str, _Refused] | None:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _lone_surrogate(data: object) -> str | None:
-    """The first string (key or value) holding a lone UTF-16 surrogate, which no file or
-    terminal can encode, or None."""
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if any("\ud800" <= char <= "\udfff" for char in item):
-                return item
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return None
+def _lone_surrogate(item: object) -> bool:
+    """Whether `item` is a string holding a lone UTF-16 surrogate, which no file or
+    terminal can encode."""
+    return isinstance(item, str) and any("\ud800" <= char <= "\udfff" for char in item)
 
 
 def _refuse_oversized(text: str, source: str) -> None:
@@ -251,11 +244,12 @@ def parse_json(text: str, source: str) -> object:
             parse_float=numbers.finite_float,
             parse_int=numbers.short_int,
         )
-        if numbers.refused and (refused := _path_to_refused(data)) is not None:
+        if numbers.refused and (refused := _first_in(data, lambda item: isinstance(item, _Refused))) is not None:
             path, number = refused
-            raise _BadJson(f"{path}: {number.why}" if path else number.why)
-        if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(data)) is not None:
-            raise _BadJson(f"a string holds an unpaired UTF-16 surrogate ({bad[:20]!a})")
+            why = cast(_Refused, number).why
+            raise _BadJson(f"{path}: {why}" if path else why)
+        if _SURROGATE_ESCAPE.search(text) and (bad := _first_in(data, _lone_surrogate)) is not None:
+            raise _BadJson(f"a string holds an unpaired UTF-16 surrogate ({cast(str, bad[1])[:20]!a})")
         return data
     except json.JSONDecodeError as exc:
         raise InputError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None

@@ -138,8 +138,7 @@ def _lower_bound(problem: Problem, objective: str, deadline: float | None) -> Lo
     busy = busy_bound(problem)
     if objective == "span":
         return busy
-    heads_tails = heads_and_tails_bound(problem)
-    return heads_tails if heads_tails.value > busy.value * (1 + 1e-12) else busy
+    return stronger(busy, heads_and_tails_bound(problem))
 
 
 def cut_by_deadline(problem: Problem) -> bool:
