@@ -764,7 +764,7 @@ def pareto(
             if p.feasible:
                 table.add_row(f"{p.limit:g}", f"{p.makespan:.6g}", f"{p.bubble:.2%}", f"{p.bound:.6g}", f"{p.gap:.2%}", p.status)
             else:
-                table.add_row(f"{p.limit:g}", "-", "-", "-", "-", "infeasible")
+                table.add_row(f"{p.limit:g}", "-", "-", "-", "-", p.status or "infeasible")
         stdout_console().print(table)
         known = ", ".join(f"{g.name} (peak {g.peak_memory:.4g}, bubble {g.bubble:.1%})" for g in curve.generators)
         print(f"known schedules: {known}")

@@ -31,6 +31,7 @@ def test_sweep_is_monotone_and_marks_infeasible_limits(tmp_path):
     curve = pareto(problem, "0.5:3:0.5", SolveOptions(time_limit=3))
     by_limit = {p.limit: p for p in curve.points}
     assert not by_limit[0.5].feasible and "smallest limit that fits is 1" in by_limit[0.5].note
+    assert by_limit[0.5].status == "infeasible"
     solved = [p for p in curve.points if p.feasible]
     assert [p.limit for p in solved] == [1.0, 1.5, 2.0, 2.5, 3.0]
     for p in solved:
@@ -117,3 +118,19 @@ def test_a_start_does_not_keep_the_fallback_families_out():
     assert poor.makespan > v_min.makespan  # the start is the worse of the two here
     solved = solve(problem, "auto", SolveOptions(time_limit=0.1, threads=1), starts=[("poor", poor)])
     assert solved.makespan <= v_min.makespan + 1e-9
+
+
+def test_a_limit_where_nothing_was_found_in_time_is_unknown_not_infeasible(monkeypatch):
+    """Only a proof makes a point infeasible; running out of time leaves it unknown."""
+    from optimizer.exact import frontier
+    from optimizer.exact.errors import NoScheduleFoundError
+
+    def nothing_in_time(*args, **kwargs):
+        raise NoScheduleFoundError("no schedule fitting the limit was found in time")
+
+    monkeypatch.setattr(frontier, "solve", nothing_in_time)
+    problem = uniform_problem(3, 4, 1.0, 1.0, 0.6, comm_time=0.03, placement="vshape", mem_forward=0.5, mem_backward_input=-0.3)
+    curve = pareto(problem, [0.25, 2.0], SolveOptions(time_limit=1))
+    by_limit = {p.limit: p for p in curve.points}
+    assert [by_limit[0.25].status, by_limit[2.0].status] == ["infeasible", "unknown"]
+    assert not by_limit[2.0].feasible and "in time" in by_limit[2.0].note

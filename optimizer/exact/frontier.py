@@ -172,7 +172,9 @@ def _solve_point(
         ]
         schedule = solve(limited, "auto", options, on_progress, starts=starts)
     except PipeschedError as error:
-        return ParetoPoint(limit, False, note=str(error)), None
+        # Proven infeasible, or only nothing found in time: the file and the table say which.
+        status = "infeasible" if isinstance(error, InfeasibleError) else "unknown"
+        return ParetoPoint(limit, False, status=status, note=str(error)), None
     m = schedule.metrics
     point = ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
     return point, schedule
