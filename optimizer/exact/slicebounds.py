@@ -281,7 +281,7 @@ def vocab_lower_bound(problem: Problem, objective: str = "makespan") -> LowerBou
     work = [sum(duration for _, duration, _ in device_jobs) + passes for device_jobs in jobs]
     busiest = max(work)
     busy = LowerBound(busiest, f"busy time of device {work.index(busiest)}, vocabulary passes included")
-    best = busy if busy.value > without.value * (1 + 1e-12) else without
+    best = stronger(without, busy)
     if objective == "span":
         return best
     head, tail, dur = sliced_heads(stripped), sliced_tails(stripped), relaxed_durations(stripped)

@@ -134,7 +134,7 @@ def interleaved_auto(problem: Problem, deadline: float | None = None, keep: Keep
         if group not in fitting:
             fitting.append(group)
         span = longest_span(timed)
-        if best is None or span < best[0] - 1e-9:
+        if best is None or span < best[0] * (1 - 1e-9):  # relative: times may be in any unit
             best = (span, orders)
             if keep is not None:
                 keep(orders)
