@@ -134,3 +134,19 @@ def test_a_limit_where_nothing_was_found_in_time_is_unknown_not_infeasible(monke
     by_limit = {p.limit: p for p in curve.points}
     assert [by_limit[0.25].status, by_limit[2.0].status] == ["infeasible", "unknown"]
     assert not by_limit[2.0].feasible and "in time" in by_limit[2.0].note
+
+
+def test_the_same_curve_draws_the_same_svg():
+    """No date, and element ids that do not change from run to run: users diff these files."""
+    from optimizer.exact.frontier import GeneratorPoint, ParetoCurve, ParetoPoint
+    from optimizer.formats.pareto_svg import pareto_svg
+
+    curve = ParetoCurve(
+        points=[ParetoPoint(1.0, False, status="infeasible"), ParetoPoint(2.0, True, 30.0, 0.2, 28.0, 0.07, "feasible", "greedy", 2.0)],
+        generators=[GeneratorPoint("1f1b", 4.0, 27.0, 0.1)],
+        time_limit=1.0,
+    )
+    first, second = pareto_svg(curve), pareto_svg(curve)
+    assert first == second
+    assert "<dc:date>" not in first
+    assert "clip-path=" in first  # ids are still drawn, only fixed

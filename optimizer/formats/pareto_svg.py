@@ -31,7 +31,10 @@ def pareto_svg(curve: ParetoCurve) -> str:
 
     figure = pareto_figure(curve)
     buffer = StringIO()
-    figure.savefig(buffer, format="svg")
+    # The same curve gives the same file: no date in the metadata, and the element ids
+    # matplotlib draws from a hash salted with a fixed string instead of a random one.
+    with plt.rc_context({"svg.hashsalt": "pipesched"}):
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
     plt.close(figure)
     return buffer.getvalue()
 
