@@ -35,6 +35,16 @@ def _slack(*values: float, cap: float = math.inf) -> float:
     return max(FLOAT_ULPS * math.ulp(largest), min(_RELATIVE_TOLERANCE * max(1.0, largest), cap))
 
 
+def apart(first: float, second: float) -> tuple[str, str]:
+    """Both numbers with the fewest significant digits (6 at least) that tell them apart:
+    a violation by a hair reads `1.500001 < 1.5`, not `1.5 < 1.5`."""
+    for digits in range(6, 18):
+        shown = f"{first:.{digits}g}", f"{second:.{digits}g}"
+        if shown[0] != shown[1]:
+            break
+    return shown
+
+
 def _shortest_op(tables: Tables) -> float:
     """The shortest op's duration (inf where no op lasts)."""
     lasting = [
@@ -69,7 +79,8 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
         for op in ops:
             expected = op_duration(tables, op.kind, op.stage, op.slice)
             if abs((op.end - op.start) - expected) > _slack(op.start, op.end, cap=cap):
-                violations.append(f"duration: {op.op} on device {d} lasts {op.end - op.start:g}, expected {expected:g}")
+                lasts, wanted = apart(op.end - op.start, expected)
+                violations.append(f"duration: {op.op} on device {d} lasts {lasts}, expected {wanted}")
             if (
                 previous is not None
                 and op.start < previous.start - _slack(previous.start, cap=cap)
@@ -77,17 +88,20 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
             ):
                 # wholly before the op listed ahead of it (an op of no duration at the same
                 # time is not): the list is out of order, no two ops overlap
+                runs, ahead = apart(op.start, previous.start)
                 violations.append(
-                    f"order: {op.op} runs at {op.start:g} on device {d}, before {previous.op} listed ahead of it (at {previous.start:g}); "
+                    f"order: {op.op} runs at {runs} on device {d}, before {previous.op} listed ahead of it (at {ahead}); "
                     "list each device's ops in the order they run"
                 )
             elif previous is not None and op.start < previous.end - _slack(previous.end, cap=cap):
-                violations.append(f"overlap: {op.op} starts at {op.start:g} on device {d} before {previous.op} ends at {previous.end:g}")
+                starts, ends_at = apart(op.start, previous.end)
+                violations.append(f"overlap: {op.op} starts at {starts} on device {d} before {previous.op} ends at {ends_at}")
             for key in dependencies(op, num_stages, num_slices, vocab):
                 dep_op = _dependency_op(key, ends)
                 ready = ends[dep_op] + transfer_delay(dep_op, d, tables.device, problem.comm_time, tables.barrier_time)
                 if op.start < ready - _slack(ready, cap=cap):
-                    violations.append(f"dependency: {op.op} starts at {op.start:g}, before {dep_op} is available at {ready:g}")
+                    starts, available = apart(op.start, ready)
+                    violations.append(f"dependency: {op.op} starts at {starts}, before {dep_op} is available at {available}")
             usage += op_memory(tables, op.kind, op.stage, op.slice)
             if usage > tolerant(limit):
                 first_over = first_over or (op.op, usage)
@@ -95,8 +109,9 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
             previous = op
         if first_over is not None:
             over_op, held = first_over
+            holds, allowed = apart(held, limit)
             violations.append(
-                f"memory: device {d} holds {held:g} > limit {limit:g} after {over_op} (peak {peak:g}; over the limit after {ops_over} op(s))"
+                f"memory: device {d} holds {holds} > limit {allowed} after {over_op} (peak {peak:g}; over the limit after {ops_over} op(s))"
             )
     return violations
 

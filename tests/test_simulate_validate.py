@@ -261,3 +261,17 @@ def test_a_device_list_out_of_time_order_is_an_order_violation_not_an_overlap():
     violations = validate(problem, devices)
     assert any(v.startswith("order: ") and "list each device's ops in the order they run" in v for v in violations), violations
     assert not any(v.startswith("overlap: ") for v in violations), violations
+
+
+def test_a_violation_by_a_hair_shows_numbers_that_differ():
+    """`starts at 1.5, before ... available at 1.5` reads as no violation at all."""
+    problem = uniform_problem(2, 2, 1.0, 1.0, 1.0, comm_time=0.5, mem_forward=1.0, mem_backward_input=-1.0, memory_limit=2 / (1 + 1e-8))
+    devices = [list(ops) for ops in simulate_times(problem, generate(problem, "gpipe").order())]
+    first = devices[1][0]
+    assert (first.kind, first.start) == ("F", 1.5)
+    devices[1][0] = first._replace(start=first.start - 1e-6, end=first.end - 1e-6)
+    messages = validate(problem, devices)
+    dependency = next(v for v in messages if v.startswith("dependency:"))
+    assert "starts at 1.499999, before F(stage 0, mb 0) is available at 1.5" in dependency, dependency
+    memory = next(v for v in messages if v.startswith("memory:"))
+    assert "holds 2 > limit 1.99999998" in memory, memory

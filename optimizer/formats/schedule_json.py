@@ -21,7 +21,7 @@ from optimizer.io import MAX_INPUT_BYTES, json_kind, read_json, validate_model, 
 from optimizer.ops import VOCAB_KINDS, TimedOp
 from optimizer.problem import MAX_OPS, MAX_VALUE, Problem
 from optimizer.schedule import Schedule, longest_span
-from optimizer.validate import order_violations, validate
+from optimizer.validate import apart, order_violations, validate
 
 NAME = "pipesched.schedule"
 VERSIONS = (1, 2, 3)
@@ -140,28 +140,43 @@ _GAP_TOLERANCE = 1e-6
 _METRICS_TOLERANCE = 1e-6
 
 
+def _largest_memory_change(problem: Problem) -> float:
+    """The largest memory change of any op (1 where no op changes memory): the scale of a
+    peak when every device's peak is 0."""
+    t = problem.tables()
+    changes = [*t.mem_forward, *t.mem_backward_input, *t.mem_backward_weight]
+    return max((abs(v) for v in changes), default=0.0) or 1.0
+
+
 def _check_metrics(metrics: _MetricsRecord, schedule: Schedule, source: str) -> None:
     """Refuse claims the schedule itself contradicts: a makespan, bubble ratio or peak
     memory other than its ops give, a lower bound above its makespan (a bound on the
     longest span is below it too), or "optimal" with a gap."""
     computed = schedule.metrics
 
-    def differs(claimed: float, actual: float) -> bool:
-        return abs(claimed - actual) > _METRICS_TOLERANCE * max(1.0, abs(actual))
+    # Relative to each metric's own scale, whatever the units (seconds, GiB): the makespan,
+    # the largest peak (a device may hold nothing), and 1 for the bubble ratio, a share.
+    def differs(claimed: float, actual: float, scale: float) -> bool:
+        return abs(claimed - actual) > _METRICS_TOLERANCE * scale
 
-    for name in ("makespan", "bubble_ratio"):
+    scales = {"makespan": abs(computed.makespan), "bubble_ratio": 1.0}
+    for name, scale in scales.items():
         claimed, actual = getattr(metrics, name), getattr(computed, name)
-        if claimed is not None and differs(claimed, actual):
-            raise InputError(f"{source}: metrics.{name}: {claimed:g}, but the schedule's ops give {actual:g}")
+        if claimed is not None and differs(claimed, actual, scale):
+            shown, real = apart(claimed, actual)
+            raise InputError(f"{source}: metrics.{name}: {shown}, but the schedule's ops give {real}")
     claimed_peaks = metrics.peak_memory
+    peak_scale = max((abs(v) for v in computed.peak_memory), default=0.0) or _largest_memory_change(schedule.problem)
     if claimed_peaks is not None and (
-        len(claimed_peaks) != len(computed.peak_memory) or any(map(differs, claimed_peaks, computed.peak_memory))
+        len(claimed_peaks) != len(computed.peak_memory)
+        or any(differs(claimed, actual, peak_scale) for claimed, actual in zip(claimed_peaks, computed.peak_memory))
     ):
         shown = ", ".join(f"{v:g}" for v in computed.peak_memory)
         raise InputError(f"{source}: metrics.peak_memory: not what the schedule's ops give ([{shown}])")
     makespan = computed.makespan
-    if metrics.lower_bound is not None and metrics.lower_bound > makespan * (1 + 1e-9) + 1e-12:
-        raise InputError(f"{source}: metrics.lower_bound: {metrics.lower_bound:g} is above the schedule's makespan {makespan:g}")
+    if metrics.lower_bound is not None and metrics.lower_bound > makespan * (1 + 1e-9):
+        bound, real = apart(metrics.lower_bound, makespan)
+        raise InputError(f"{source}: metrics.lower_bound: {bound} is above the schedule's makespan {real}")
     if metrics.status == "optimal" and metrics.gap is not None and metrics.gap > 1e-9:
         raise InputError(f"{source}: metrics.status: optimal with a gap of {metrics.gap:g} (a proof closes the gap)")
     if metrics.lower_bound is not None and metrics.gap is not None:
