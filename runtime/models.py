@@ -347,7 +347,7 @@ def import_user_module(module_name: str) -> ModuleType:
         return importlib.import_module(module_name)
     except ImportError as exc:
         raise InputError(f"model: cannot import '{module_name}' ({exc}; looked on sys.path and in {folder})") from exc
-    except Exception as exc:  # a syntax error, or an exception while the module runs
+    except (Exception, SystemExit) as exc:  # a syntax error, an exception or sys.exit() while it runs
         raise InputError(f"model: cannot import '{module_name}' ({_describe(exc)})") from exc
     finally:
         if added:
@@ -355,6 +355,8 @@ def import_user_module(module_name: str) -> ModuleType:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):  # its code would otherwise become the command's exit status
+        return f"it called sys.exit({exc.code!r})"
     if isinstance(exc, SyntaxError):
         return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
     text = str(exc).strip()
@@ -399,12 +401,27 @@ def load_model(name: str, num_stages: int, problem: Problem | None = None) -> Pi
         raise InputError(f"model: '{module_name}' has no function '{function_name}'")
     try:
         built = build(num_stages)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise InputError(f"model: {name}({num_stages}) raised {_describe(exc)}") from exc
+    return _checked_model(built, name, num_stages)
+
+
+def _checked_model(built: object, name: str, num_stages: int) -> PipelineModel:
+    """What a user's `build_stages` returned, as a PipelineModel, or one line saying what
+    is wrong with it (the executor would otherwise fail inside the ranks)."""
     if isinstance(built, tuple) and len(built) == 3:
-        built = PipelineModel(list(built[0]), built[1], built[2])
+        built = PipelineModel(*built)
     if not isinstance(built, PipelineModel):
-        raise InputError(f"model: {name} must return a PipelineModel or (stages, loss_fn, make_batch)")
-    if len(built.stages) != num_stages:
-        raise InputError(f"model: {name} returned {len(built.stages)} stages, the schedule has {num_stages}")
-    return built
+        raise InputError(f"model: {name} must return a PipelineModel or (stages, loss_fn, make_batch), not {type(built).__name__}")
+    try:
+        stages = list(built.stages)
+    except TypeError:
+        stages = None
+    if stages is None or not all(isinstance(stage, nn.Module) for stage in stages):
+        raise InputError(f"model: {name} returned stages that are not a list of torch.nn.Module")
+    if len(stages) != num_stages:
+        raise InputError(f"model: {name} returned {len(stages)} stages, the schedule has {num_stages}")
+    for field in ("loss_fn", "make_batch"):
+        if not callable(getattr(built, field)):
+            raise InputError(f"model: {name} returned a {field} that is not callable")
+    return dataclasses.replace(built, stages=stages)

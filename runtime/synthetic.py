@@ -1,7 +1,8 @@
 """The `synthetic` model: stages that take exactly a problem's op times, by sleeping.
 
 Each stage spends the problem's times, read as milliseconds: F sleeps `forward`, B
-`backward_input`, W `backward_weight`, a fused BW both. Sleeping, not computing, lets
+`backward_input`, W `backward_weight`, a fused BW `backward` (its own time, often
+shorter than B + W). Sleeping, not computing, lets
 8-16 ranks share two cores and still run as the problem says, so an executor's
 overhead and a schedule's predicted step time can be measured at real pipeline depths.
 
@@ -16,8 +17,10 @@ the rest. A ledger per stage counts the bytes held, for tests and benchmarks.
 How the split backward lands on the sleeps: the stage output is tanh(h + w), where h
 comes from an autograd function on the input path (its backward sleeps B) and w from
 one on the weight (its backward sleeps W). An input-gradient pass reaches only the
-first, a weight-gradient pass only the second, and a fused backward both. Every
-deadline counts from the op's start, so allocation time is part of the op's time.
+first, a weight-gradient pass only the second, and a fused backward both in one
+autograd call: the second of the two to run there sleeps until BW's time has passed
+since the first began. Every deadline counts from the op's start, so allocation time is
+part of the op's time.
 
 Token slices: the tensor's columns are the tokens (`width` of them), slice k runs its
 columns with its part of the weight, spends op k's times (optimizer.ops.op_duration:
@@ -87,18 +90,24 @@ class Ledger:
 
 
 class _Held:
-    """One microbatch's held tensors: freed by B, freed by W, and B's own extra."""
+    """One microbatch's held tensors (freed by B, freed by W, and B's own extra) and its
+    backward passes so far: (autograd pass, start) of the input path and of the weight
+    path, so that the second of them in one pass knows the backward is fused."""
 
-    def __init__(self, ledger: Ledger, until_b: int, until_w: int):
+    def __init__(self, ledger: Ledger, until_b: int, until_w: int, bw_seconds: float):
         self.ledger = ledger
         self.until_b = ledger.allocate(until_b)
         self.until_w = ledger.allocate(until_w)
         self.from_b: torch.Tensor | None = None
+        self.bw_seconds = bw_seconds
+        self.input_pass: tuple[int, float] | None = None
+        self.weight_pass: tuple[int, float] | None = None
 
     def at_b(self, extra: int) -> None:
         self.ledger.release(self.until_b)
         self.until_b = None
-        self.from_b = self.ledger.allocate(extra)
+        if self.weight_pass is None:  # in a fused pass after W, nothing is held past it
+            self.from_b = self.ledger.allocate(extra)
 
     def at_w(self) -> None:
         for tensor in (self.until_b, self.until_w, self.from_b):
@@ -106,8 +115,15 @@ class _Held:
         self.until_b = self.until_w = self.from_b = None
 
 
+def _current_pass() -> int:
+    """The autograd call running now (torch numbers them): a fused backward (BW) runs both
+    paths in one call, a split one each path in its own."""
+    return torch._C._current_graph_task_id()
+
+
 class _InputPath(torch.autograd.Function):
-    """Identity on the input path; its backward is B: release, then sleep B."""
+    """Identity on the input path; its backward is B: release, then sleep B (in a fused
+    backward, until BW's time from the pass's start)."""
 
     @staticmethod
     def forward(ctx, x, held, b_seconds, b_extra):
@@ -116,26 +132,39 @@ class _InputPath(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        start = time.perf_counter()
-        ctx.held.at_b(ctx.b_extra)
-        sleep_until(start + ctx.b_seconds)
+        start, held = time.perf_counter(), ctx.held
+        fused_from = held.weight_pass[1] if held.weight_pass is not None and held.weight_pass[0] == _current_pass() else None
+        held.input_pass = (_current_pass(), start)
+        held.at_b(ctx.b_extra)
+        sleep_until(start + ctx.b_seconds if fused_from is None else fused_from + held.bw_seconds)
         return grad, None, None, None
 
 
 class _WeightPath(torch.autograd.Function):
-    """Identity on the weight; its backward is W: release the rest, then sleep W."""
+    """Identity on the weight; its backward is W: release the rest, then sleep W.
+
+    In a fused backward (torch runs this path first) it sleeps nothing and the input
+    path sleeps until BW's time has passed; should the input path come first, this one
+    sleeps until then."""
 
     @staticmethod
-    def forward(ctx, weight, held, w_seconds):
-        ctx.held, ctx.w_seconds = held, w_seconds
+    def forward(ctx, weight, held, w_seconds, has_input_path):
+        ctx.held, ctx.w_seconds, ctx.has_input_path = held, w_seconds, has_input_path
         return weight.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        start = time.perf_counter()
-        ctx.held.at_w()
-        sleep_until(start + ctx.w_seconds)
-        return grad, None, None
+        start, held = time.perf_counter(), ctx.held
+        if held.input_pass is not None and held.input_pass[0] == _current_pass():
+            deadline = held.input_pass[1] + held.bw_seconds  # fused, the input path first
+        elif held.input_pass is None and ctx.has_input_path:
+            deadline = start  # fused, the input path next: it sleeps BW's time
+        else:
+            deadline = start + ctx.w_seconds
+        held.weight_pass = (_current_pass(), start)
+        held.at_w()
+        sleep_until(deadline)
+        return grad, None, None, None
 
 
 class SleepingStage(nn.Module):
@@ -160,7 +189,8 @@ class SleepingStage(nn.Module):
         forward_bytes = round(op_memory(tables, "F", self.index, k) * self.unit)
         b_change = round(op_memory(tables, "B", self.index, k) * self.unit)
         until_b = min(forward_bytes, max(0, -b_change))  # F's part that B frees
-        held = _Held(self.ledger, until_b, forward_bytes - until_b) if torch.is_grad_enabled() else None
+        bw_seconds = op_duration(tables, "BW", self.index, k) / 1e3
+        held = _Held(self.ledger, until_b, forward_bytes - until_b, bw_seconds) if torch.is_grad_enabled() else None
         weight = self.weight if cache is None else self.weight[cache.start : cache.start + x.shape[1]]
         if held is None:  # no backward will come (shape probing): hold and sleep nothing
             return torch.tanh(x + weight)
@@ -169,7 +199,7 @@ class SleepingStage(nn.Module):
         h = _InputPath.apply(x, held, b_seconds, max(0, b_change))  # B's extra beyond F's, freed by W
         # No input gradient (a first stage fed a plain batch): B has nothing to run, and
         # its time goes to W, where the runtime does this stage's whole backward.
-        w = _WeightPath.apply(weight, held, w_seconds if x.requires_grad else b_seconds + w_seconds)
+        w = _WeightPath.apply(weight, held, w_seconds if x.requires_grad else b_seconds + w_seconds, x.requires_grad)
         out = torch.tanh(h + w)
         sleep_until(start + op_duration(tables, "F", self.index, k) / 1e3)
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import cast
 
@@ -147,6 +148,38 @@ def test_a_user_model_in_the_current_folder_is_found_without_changing_the_path(t
         load_model("no_such_model_in_folder:build_stages", 2)
     assert sys.path == before
     sys.modules.pop("folder_model_for_test", None)
+
+
+@pytest.mark.parametrize(
+    "returns, expected",
+    [
+        ("(5, 6, 7)", "returned stages that are not a list of torch.nn.Module"),
+        ("PipelineModel(5, None, None)", "returned stages that are not a list of torch.nn.Module"),
+        ("([torch.nn.Linear(2, 2)] * 2, None, None)", "returned a loss_fn that is not callable"),
+        ("([torch.nn.Linear(2, 2)] * 3, len, len)", "returned 3 stages, the schedule has 2"),
+        ("42", "must return a PipelineModel or (stages, loss_fn, make_batch), not int"),
+        ("sys.exit(3)", "raised it called sys.exit(3)"),
+    ],
+)
+def test_a_user_model_that_returns_something_else_is_one_line(tmp_path, monkeypatch, returns, expected):
+    # These reached the ranks (a traceback, exit 1), or ended the command silently with the
+    # user's exit code (3 and 4 mean other things here).
+    name = f"returns_model_{abs(hash(returns))}"
+    (tmp_path / f"{name}.py").write_text(
+        f"import sys\nimport torch\nfrom runtime.models import PipelineModel\ndef build_stages(num_stages):\n    return {returns}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=re.escape(expected)):
+        load_model(f"{name}:build_stages", 2)
+    sys.modules.pop(name, None)
+
+
+def test_a_user_module_that_exits_while_it_imports_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "exiting_model_for_test.py").write_text("import sys\nsys.exit(4)\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=r"cannot import 'exiting_model_for_test' \(it called sys.exit\(4\)\)"):
+        load_model("exiting_model_for_test:build_stages", 2)
+    sys.modules.pop("exiting_model_for_test", None)
 
 
 def test_example_model_is_deterministic_per_stage():
