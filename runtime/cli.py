@@ -27,6 +27,12 @@ for _signum, _default in ((signal.SIGINT, signal.default_int_handler), (signal.S
 # is ignored for a few milliseconds and held pending on this thread
 # (runtime/forkserver.rank_context), and another thread taking it would drop it.
 _mask_while_loading = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT} & set(_handlers_while_loading))
+# torch's C++ code logs to stderr on its own (a rank that cannot join its torchrun job
+# printed 30 lines of C++ frames before the one-line error that says the same): read when
+# torch loads, so set before any import of it. --debug, or the variable set by the user,
+# keeps torch's own level.
+if "--debug" not in sys.argv[1:]:
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402

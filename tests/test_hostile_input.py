@@ -252,6 +252,13 @@ def _edited_schedule(text: str, **op_fields) -> str:
     return json.dumps(data, indent=1)
 
 
+def _unused_port() -> int:
+    """A port nobody listens on now (the system's choice of a free one)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @dataclass
 class Case:
     name: str
@@ -542,6 +549,14 @@ def cases() -> list[Case]:
             ["run", "{C}/s.json", "--model", "example"],
             ["MASTER_PORT", "'abc' is not an integer"],
             env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "abc"},
+        ),
+        # torch's C++ code printed 30 lines of frames (two connection attempts) before the
+        # one line that says the same.
+        Case(
+            "run-torchrun-cannot-join",
+            ["run", "{C}/s.json", "--model", "example", "--timeout", "1"],
+            ["rank 1: cannot join the torchrun job"],
+            env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_unused_port())},
         ),
         # RANK alone was ignored: every rank was started here.
         Case(
