@@ -20,6 +20,7 @@ import datetime
 import math
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -159,8 +160,9 @@ def _rank_entry(
 ) -> None:
     path = Path(results) / f"rank{rank}.pickle"  # a job's result is any picklable value
     # The launcher stops its ranks on any end but being killed outright; then they end with it
-    # (the rank server outlives it while they run: each rank holds its pipe).
-    end_with(launcher)
+    # (the rank server outlives it while they run: each rank holds its pipe), and remove the
+    # launcher's results folder, which it can no longer remove itself.
+    end_with(launcher, cleanup=lambda: shutil.rmtree(results, ignore_errors=True))
     try:
         torch.set_num_threads(threads)
         device = rank_device(backend, rank)

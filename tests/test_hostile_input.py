@@ -1107,13 +1107,18 @@ def test_ranks_end_with_a_launcher_killed_outright(tmp_path) -> None:
     # kill -9 (or the out-of-memory killer) leaves the launcher no chance to stop its ranks,
     # and the rank server lives on while they hold its pipe: each rank watches the launcher.
     save_schedule(generate(uniform_problem(2, 4), "1f1b"), tmp_path / "s.json")
-    with ended_session(start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, tmp_path)) as process:
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    with ended_session(start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, temporary)) as process:
         assert wait_for(lambda: _rank_server_processes(process.pid) >= 3, 30), session_processes(process.pid)
+        assert [p.name for p in temporary.glob("pipesched-*")], "the launcher's results folder"
         os.kill(process.pid, signal.SIGKILL)
         process.communicate(timeout=HANG_GUARD_SECONDS)  # returns once the ranks (holding its pipes) are gone
         assert process.returncode == -signal.SIGKILL
         # The ranks end at once; the server and the resource tracker once they see them gone.
         assert wait_for(lambda: not session_processes(process.pid), 10), session_processes(process.pid)
+        # and the ranks removed the results folder the launcher could not
+        assert not list(temporary.glob("pipesched-*")), list(temporary.iterdir())
 
 
 def test_the_fluid_bound_worker_ends_with_a_solve_killed_outright(tmp_path) -> None:
