@@ -580,7 +580,7 @@ def _print_against_starts(schedule: Schedule, starts: list[Start], objective: st
     given = [objective_value(t, objective) for t in timed]
     if as_json:
         rows = [{"file": str(s.path), objective: v} for s, v in zip(starts, given)]
-        print(json.dumps({**schedule.metrics.as_dict(), "starts": rows}))
+        print(json.dumps({**metrics_json(schedule), "starts": rows}))
         return
     print(metrics_line(schedule))
     for s, v in zip(starts, given):
@@ -782,9 +782,17 @@ def _memory_overflow(schedule: Schedule) -> str:
 
 def _print_metrics(schedule: Schedule, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(schedule.metrics.as_dict()))
+        print(json.dumps(metrics_json(schedule)))
     else:
         print(metrics_line(schedule))
+
+
+def metrics_json(schedule: Schedule) -> dict:
+    """The schedule's metrics, and its longest device span (what `--objective span`
+    minimizes and the bubble ratio is counted on), for --json."""
+    from optimizer.schedule import longest_span
+
+    return {**schedule.metrics.as_dict(), "longest_span": longest_span(schedule.devices)}
 
 
 def comparison_rows(problem: Problem, extra: dict[str, Schedule] | None = None) -> list[dict]:
@@ -989,7 +997,7 @@ def import_(
     if as_json:
         print(
             json.dumps(
-                {**schedule.metrics.as_dict(), "overlapped_pairs": imported.overlapped_pairs, "skipped_actions": imported.skipped_actions}
+                {**metrics_json(schedule), "overlapped_pairs": imported.overlapped_pairs, "skipped_actions": imported.skipped_actions}
             )
         )
         return

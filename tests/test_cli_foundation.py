@@ -65,6 +65,8 @@ def test_problem_solve_validate_show_round_trip(tmp_path):
     metrics = json.loads(result.stdout)
     schedule = load_schedule(schedule_path)
     assert metrics["makespan"] == pytest.approx(schedule.makespan)
+    # the longest device span, which --objective span minimizes, is printed too
+    assert metrics["longest_span"] == pytest.approx(max(ops[-1].end - ops[0].start for ops in schedule.devices))
     assert schedule.method == "1f1b"
 
     assert invoke("validate", schedule_path).exit_code == 0
