@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from optimizer.errors import InputError, PipeschedError
-from optimizer.exact.options import OBJECTIVES
+from optimizer.exact.options import MAX_THREADS, MAX_TIME_LIMIT, OBJECTIVES, SEED_RANGE
 from optimizer.formats.choose import choose_format, refuse_other_format
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.interrupts import interrupts_deferred, terminations_as_interrupts
@@ -92,14 +92,9 @@ def user_errors(command: Command) -> Command:
 OUTPUT_OPTIONS = ("output", "plot")
 # Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
 INTERRUPTED = 130
-# The longest --time-limit taken (about 11 days): any finite number beyond is a typo.
-MAX_TIME_LIMIT = 1e6
-# The shortest --time-limit taken (as before its check moved here from typer's range).
+# The shortest --time-limit taken (as before its check moved here from typer's range); the
+# longest, the seeds and the threads are the solver's own (optimizer/exact/options.py).
 MIN_TIME_LIMIT = 0.01
-# CP-SAT takes a 32-bit seed.
-SEED_RANGE = (-(2**31), 2**31 - 1)
-# CP-SAT workers: beyond this a run only slows down (and a typo could start thousands of threads).
-MAX_THREADS = 256
 # The slice rules keep one cost per token (16.8M tokens: 134 MB, about a second).
 MAX_SEQUENCE_LENGTH = 2**24
 # The formats `show` draws (optimizer/formats/); `export` writes every schedule format.

@@ -30,6 +30,9 @@ class DeadlockError(PipeschedError):
         super().__init__(message)
         self.blocked = blocked
 
+    def __reduce__(self):  # both arguments, so that it crosses processes (a process pool)
+        return (type(self), (str(self), self.blocked))
+
 
 class ScheduleError(PipeschedError):
     """A schedule that breaks the problem's rules (exit 1); `violations` lists them all."""
@@ -39,4 +42,8 @@ class ScheduleError(PipeschedError):
     def __init__(self, source: str, violations: list[str]):
         shown = "; ".join(violations[:3]) + (f"; and {len(violations) - 3} more" if len(violations) > 3 else "")
         super().__init__(f"{source}: invalid schedule: {shown}")
+        self.source = source
         self.violations = violations
+
+    def __reduce__(self):  # both arguments, so that it crosses processes (a process pool)
+        return (type(self), (self.source, self.violations))

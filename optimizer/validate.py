@@ -77,6 +77,11 @@ def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str
         peak, ops_over = 0.0, 0
         previous: TimedOp | None = None
         for op in ops:
+            if not (math.isfinite(op.start) and math.isfinite(op.end)):
+                # every comparison below is false for NaN: such an op would pass them all
+                violations.append(f"time: {op.op} on device {d} runs from {op.start} to {op.end}; times must be finite numbers")
+                previous = None
+                continue
             expected = op_duration(tables, op.kind, op.stage, op.slice)
             if abs((op.end - op.start) - expected) > _slack(op.start, op.end, cap=cap):
                 lasts, wanted = apart(op.end - op.start, expected)

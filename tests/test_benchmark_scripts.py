@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
     ("script", "args", "says"),
     [
         # refused by the solver (an InputError): a traceback before
-        ("solver.py", ["--time-limit", "0", "--only", "p4-m8-uniform-linear-memvmin"], "error: time_limit: must be positive, got 0"),
+        (
+            "solver.py",
+            ["--time-limit", "0", "--only", "p4-m8-uniform-linear-memvmin"],
+            "error: time_limit: must be a number of seconds above 0 and at most 1e+06, got 0.0",
+        ),
         ("simulate.py", ["--devices", "0"], "error: problem: num_devices"),
         # refused by the option's type: a ValueError traceback before
         ("builtins.py", ["--time-limits", "abc"], "argument --time-limits: not a number of seconds: 'abc'"),

@@ -14,11 +14,11 @@ import signal
 import threading
 from collections.abc import Iterator, Sequence
 
-from optimizer.errors import InputError
+from optimizer.errors import InputError, PipeschedError
 from optimizer.exact.canonical import canonical
 from optimizer.exact.errors import NoScheduleFoundError
 from optimizer.exact.incumbents import Candidate, closest
-from optimizer.exact.options import OBJECTIVES, ProgressCallback, SolveOptions
+from optimizer.exact.options import ProgressCallback, SolveOptions, checked_options
 from optimizer.exact.portfolio import bound_first, problem_bound, solve_auto, starting_points, take_whole_model_result, whole_model
 from optimizer.exact.spantiming import final_timing_seconds
 from optimizer.exact.subproblem import full_subproblem
@@ -73,13 +73,12 @@ def solve(
     """Solve `problem` within options.time_limit; see the module doc. `starts` are (name,
     schedule of `problem`) given by the user: offered first, so the result is never worse
     than one of them that fits the memory limit."""
-    options = options or SolveOptions()
+    if not isinstance(problem, Problem):
+        raise InputError(f"problem: expected a Problem (optimizer.problem.load_problem reads a file), got {type(problem).__name__}")
+    options = checked_options(options if options is not None else SolveOptions())
     if method not in METHODS:
         raise InputError(f"method: '{method}' is not one of {', '.join(METHODS)}")
-    if options.objective not in OBJECTIVES:
-        raise InputError(f"objective: '{options.objective}' is not one of {', '.join(OBJECTIVES)}")
-    if options.time_limit <= 0:
-        raise InputError(f"time_limit: must be positive, got {options.time_limit:g}")
+    given_starts = _starts_of(problem, starts)
     refusal = whole_model_refusal(problem, method)
     if refusal is not None:
         raise InputError(refusal)
@@ -93,8 +92,8 @@ def solve(
     early = bound_first(problem, options)
     if early:
         problem_bound(problem, options, tracker, within_time=False)
-    for name, given in starts:
-        tracker.offer(given, name)
+    for name, given in given_starts:
+        tracker.offer(given, name)  # one over the memory limit is left out
     candidates: list[Candidate] = []
     interrupted = False
     try:
@@ -126,6 +125,24 @@ def solve(
         hint = f"; closest was {near.name}, {near.overshoot:.1%} over the limit" if near else ""
         raise NoScheduleFoundError(f"no schedule within the memory limit found in {options.time_limit:g} s{hint}")
     return schedule
+
+
+def _starts_of(problem: Problem, starts: Sequence[tuple[str, Schedule]]) -> list[tuple[str, Schedule]]:
+    """Each start's order timed on `problem` (only the order counts, as for `--start`), or
+    InputError naming the start when it is not an order of the problem's ops that can run:
+    a schedule of another problem, an op missing, an order that deadlocks."""
+    from optimizer.validate import checked_schedule
+
+    timed = []
+    for entry in starts:
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], Schedule)):
+            raise InputError(f"starts: each start is a (name, Schedule) pair, got {type(entry).__name__}")
+        name, given = entry
+        try:
+            timed.append((name, checked_schedule(problem, given.order(), f"starts: {name}", name, memory=False)))
+        except PipeschedError as error:
+            raise InputError(str(error)) from None
+    return timed
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ solved so far are returned, the interrupted one with its best schedule so far.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from optimizer.errors import InfeasibleError, InputError, PipeschedError
 from optimizer.exact.api import solve
 from optimizer.exact.incumbents import generator_candidates
-from optimizer.exact.options import Progress, SolveOptions
+from optimizer.exact.options import Progress, SolveOptions, checked_options
 from optimizer.exact.portfolio import GENERATOR_SHARE
 from optimizer.io import describe_validation_error
 from optimizer.problem import MAX_VALUE, Problem
@@ -63,6 +64,10 @@ class ParetoCurve:
         return curve_json(self)
 
 
+# The most limits one sweep takes (each is a solve of its own).
+MAX_LIMITS = 1000
+
+
 def parse_limits(text: str) -> list[float]:
     """ "LOW:HIGH:STEP" -> [LOW, LOW+STEP, ..., <= HIGH]; a single number is one limit."""
     parts = text.split(":")
@@ -88,14 +93,39 @@ def parse_limits(text: str) -> list[float]:
     # 3.9999999996 steps, and HIGH was dropped.
     if abs(steps - round(steps)) < 1e-6:
         steps = round(steps)
-    if steps >= 1000:
-        raise InputError(f"limits: '{text}' gives more than 1000 limits; use a larger STEP")
+    if steps >= MAX_LIMITS:
+        raise InputError(f"limits: '{text}' gives more than {MAX_LIMITS} limits; use a larger STEP")
     count = int(steps) + 1
-    if count > 1000:
+    if count > MAX_LIMITS:
         raise InputError(f"limits: '{text}' gives {count} limits; use a larger STEP")
     # Twelve significant digits, not decimals: 0.1 + 2 * 0.1 is 0.3, and a limit of 2e-13
     # stays 2e-13 (rounded to 12 decimals it was 0, refused as not positive).
     return [float(f"{start + k * step:.12g}") for k in range(count)]
+
+
+def _checked_limits(limits: object) -> list:
+    """A list of limits given in Python, each a positive finite number or a per-device list
+    of them, at most MAX_LIMITS (InputError naming the first that is not): a NaN or infinite
+    limit would otherwise be a point marked infeasible, or no limit at all."""
+
+    def number(value: object) -> bool:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= MAX_VALUE
+
+    try:
+        values = list(limits)  # type: ignore[call-overload]
+    except TypeError:
+        raise InputError(f"limits: expected 'LOW:HIGH:STEP' or a list of limits, got {type(limits).__name__}") from None
+    if len(values) > MAX_LIMITS:
+        raise InputError(f"limits: {len(values)} limits is more than the {MAX_LIMITS} pareto takes")
+    checked: list = []
+    for k, value in enumerate(values):
+        if number(value):
+            checked.append(float(value))  # type: ignore[arg-type]
+        elif isinstance(value, (list, tuple)) and value and all(number(v) for v in value):
+            checked.append([float(v) for v in value])
+        else:
+            raise InputError(f"limits.{k}: {value!r} is not a memory limit (a number above 0 and at most {MAX_VALUE:g}, or a list of them)")
+    return checked
 
 
 def _with_limit(problem: Problem, limit: float) -> Problem:
@@ -115,8 +145,8 @@ def pareto(
     on_progress: Callable[[Progress], None] | None = None,
 ) -> ParetoCurve:
     """Solve `problem` under every limit; see the module doc."""
-    options = options or SolveOptions(time_limit=10.0)
-    values = parse_limits(limits) if isinstance(limits, str) else list(limits)
+    options = checked_options(options if options is not None else SolveOptions(time_limit=10.0))
+    values = parse_limits(limits) if isinstance(limits, str) else _checked_limits(limits)
     unlimited = Problem.model_validate({**problem.model_dump(mode="json"), "memory_limit": None})
     # The known schedules get the share of one limit's time that `solve` gives them: at
     # the size limit, building all of them takes longer than a short time limit.

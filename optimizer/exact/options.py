@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from optimizer.errors import InputError
+
 Objective = Literal["makespan", "span"]
 OBJECTIVES: tuple[Objective, ...] = ("makespan", "span")
+# The longest time limit taken (about 11 days): any finite number beyond is a typo.
+MAX_TIME_LIMIT = 1e6
+# CP-SAT takes a 32-bit seed.
+SEED_RANGE = (-(2**31), 2**31 - 1)
+# CP-SAT workers: beyond this a run only slows down (and a typo could start thousands of threads).
+MAX_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,34 @@ class SolveOptions:
     threads: int = 2
     solver: str = "cbc"
     symmetry_breaking: bool = True
+
+
+def checked_options(options: SolveOptions) -> SolveOptions:
+    """`options` with each field checked (InputError naming it) and its integers made
+    Python ints (a numpy integer is one): the solvers deep inside would otherwise fail on
+    them late, or a NaN time limit never end."""
+    if not isinstance(options, SolveOptions):
+        raise InputError(f"options: expected SolveOptions, got {type(options).__name__}")
+    limit = options.time_limit
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or not 0 < limit <= MAX_TIME_LIMIT:
+        raise InputError(f"time_limit: must be a number of seconds above 0 and at most {MAX_TIME_LIMIT:g}, got {limit!r}")
+    if options.objective not in OBJECTIVES:
+        raise InputError(f"objective: '{options.objective}' is not one of {', '.join(OBJECTIVES)}")
+    integers = {}
+    for name, low, high in (("seed", *SEED_RANGE), ("threads", 1, MAX_THREADS)):
+        value = getattr(options, name)
+        try:
+            number = operator.index(value)  # ints, numpy ints; not floats, not bool
+        except TypeError:
+            number = None
+        if number is None or isinstance(value, bool) or not low <= number <= high:
+            raise InputError(f"{name}: must be an integer from {low} to {high}, got {value!r}")
+        integers[name] = number
+    if not isinstance(options.solver, str) or not options.solver:
+        raise InputError(f"solver: must be a MILP back end's name, got {options.solver!r}")
+    if not isinstance(options.symmetry_breaking, bool):
+        raise InputError(f"symmetry_breaking: must be True or False, got {options.symmetry_breaking!r}")
+    return dataclasses.replace(options, time_limit=float(limit), **integers)
 
 
 @dataclass(frozen=True)
