@@ -25,6 +25,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -1107,8 +1108,13 @@ def test_ranks_end_with_a_launcher_killed_outright(tmp_path) -> None:
     # kill -9 (or the out-of-memory killer) leaves the launcher no chance to stop its ranks,
     # and the rank server lives on while they hold its pipe: each rank watches the launcher.
     save_schedule(generate(uniform_problem(2, 4), "1f1b"), tmp_path / "s.json")
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    # A folder of its own for the launcher's temporary files, on a short path: the rank
+    # server's socket lives there, and a socket's path has at most 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="ps-") as temporary:
+        _run_and_kill_the_launcher(tmp_path, Path(temporary))
+
+
+def _run_and_kill_the_launcher(tmp_path: Path, temporary: Path) -> None:
     with ended_session(start(["run", "s.json", "--model", "example", "--steps", "100000"], tmp_path, temporary)) as process:
         assert wait_for(lambda: _rank_server_processes(process.pid) >= 3, 30), session_processes(process.pid)
         assert [p.name for p in temporary.glob("pipesched-*")], "the launcher's results folder"
