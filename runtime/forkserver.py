@@ -3,7 +3,7 @@
 Ranks are forked from a server process that has imported torch and the runtime once
 (a fresh interpreter takes seconds to import torch; a fork takes milliseconds). The
 server imports them while this process goes on with its own work, so the two imports
-overlap. Only the standard library is imported here.
+overlap. Only the standard library (and the project's error type) is imported here.
 """
 
 from __future__ import annotations
@@ -14,9 +14,15 @@ import os
 import signal
 from multiprocessing.context import ForkServerContext
 
+# The longest path a Unix socket takes (Linux: 108 bytes with the final NUL), and what the
+# server's socket adds to its folder: "/listener-" and 8 random characters.
+SOCKET_PATH_MAX = 107
+_SOCKET_NAME = len("/listener-12345678")
+
 
 def rank_context() -> ForkServerContext:
     """The forkserver context, its server started (and importing the runtime) at first use."""
+    _check_socket_folder()
     context = multiprocessing.get_context("forkserver")
     # torch.optim's optimizers import torch._dynamo when the first one is built: seconds of
     # imports, once per rank. Imported here once, every rank forked gets it for free.
@@ -43,6 +49,21 @@ def rank_context() -> ForkServerContext:
         signal.signal(signal.SIGINT, previous)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return context
+
+
+def _check_socket_folder() -> None:
+    """InputError naming TMPDIR when the server's socket would not fit there (its folder
+    lies under the temporary folder): multiprocessing fails with a traceback otherwise."""
+    from multiprocessing import util
+
+    from optimizer.errors import InputError
+
+    folder = util.get_temp_dir()
+    if len(os.fsencode(folder)) + _SOCKET_NAME > SOCKET_PATH_MAX:
+        raise InputError(
+            f"TMPDIR: the temporary folder {folder} is too long a path for the rank server's socket "
+            f"(at most {SOCKET_PATH_MAX - _SOCKET_NAME} bytes with its pymp- folder); set TMPDIR to a shorter folder, e.g. /tmp"
+        )
 
 
 def stop_rank_server() -> None:

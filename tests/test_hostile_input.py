@@ -1104,6 +1104,18 @@ def test_a_torchrun_rank_keeps_sigterms_default(tmp_path) -> None:
         assert time.monotonic() - began < 10
 
 
+def test_a_temporary_folder_too_long_for_the_rank_servers_socket_is_one_line(tmp_path) -> None:
+    # multiprocessing's server socket lives under TMPDIR; past 107 bytes it failed with a
+    # traceback from inside multiprocessing.
+    save_schedule(generate(uniform_problem(2, 2), "1f1b"), tmp_path / "s.json")
+    long = tmp_path / ("x" * 60) / ("y" * 60)
+    long.mkdir(parents=True)
+    result, _ = run_cli(["run", "s.json", "--model", "example", "--steps", "1"], tmp_path, {"TMPDIR": str(long)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: TMPDIR: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "set TMPDIR to a shorter folder" in result.stderr
+
+
 def test_ranks_end_with_a_launcher_killed_outright(tmp_path) -> None:
     # kill -9 (or the out-of-memory killer) leaves the launcher no chance to stop its ranks,
     # and the rank server lives on while they hold its pipe: each rank watches the launcher.
