@@ -502,6 +502,16 @@ def placement_devices(placement: str, num_devices: int) -> list[int]:
     raise InputError(f"placement: '{placement}' is not one of linear, interleaved:V, vshape")
 
 
+def require_problem(value: object) -> Problem:
+    """`value` when it is a Problem, else InputError saying what it is: a dict or a path
+    given to a function that takes a Problem would fail deep inside otherwise."""
+    if not isinstance(value, Problem):
+        raise InputError(
+            f"problem: expected a Problem (load_problem reads a file, Problem.model_validate a dict), got {type(value).__name__}"
+        )
+    return value
+
+
 def uniform_problem(
     num_devices: int,
     num_microbatches: int,

@@ -18,11 +18,12 @@ from collections.abc import Sequence
 
 from optimizer.errors import DeadlockError, InputError
 from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, completion_key, dependencies, new_tuple, op_device, op_duration
-from optimizer.problem import Problem
+from optimizer.problem import Problem, require_problem
 from optimizer.schedule import Schedule
 
 
 def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
+    require_problem(problem)
     if len(orders) != problem.num_devices:
         raise InputError(f"order has {len(orders)} devices, the problem {problem.num_devices}")
     device_of = [stage.device for stage in problem.stages]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from optimizer.errors import DeadlockError, ScheduleError
 from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, dependencies, op_device, op_duration, op_memory, transfer_delay
-from optimizer.problem import Problem, Tables, tolerant
+from optimizer.problem import Problem, Tables, require_problem, tolerant
 from optimizer.schedule import Schedule
 
 # Times and memory are floats in the user's units; sums of a few thousand of them carry
@@ -60,6 +60,7 @@ def _shortest_op(tables: Tables) -> float:
 
 def validate(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> list[str]:
     """Every rule the timed schedule breaks; an empty list means it is valid."""
+    require_problem(problem)
     num_stages, num_slices = problem.num_stages, problem.num_slices
     tables = problem.tables()
     vocab = problem.vocab_rule()

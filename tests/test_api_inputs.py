@@ -113,3 +113,33 @@ def test_errors_with_two_arguments_cross_processes():
         assert type(copy) is type(error) and str(copy) == str(error)
     assert pickle.loads(pickle.dumps(DeadlockError("x", {1: "B"}))).blocked == {1: "B"}
     assert pickle.loads(pickle.dumps(ScheduleError("s", ["v"]))).violations == ["v"]
+
+
+def test_the_exported_lower_bound_holds_for_every_problem_kind():
+    """`optimizer.exact.lower_bound` was the bound of problems without token slices, fused
+    choices or vocabulary passes: with a fused backward of 0.5 against B + W = 2 it said 14
+    where `auto` proves 9 optimal."""
+    from optimizer.exact import lower_bound
+
+    fused = uniform_problem(3, 4, 1, 1, 1, backward=0.5)
+    solved = solve(fused, "auto", SolveOptions(time_limit=5))
+    assert solved.metrics.status == "optimal"
+    assert lower_bound(fused).value <= solved.makespan * (1 + 1e-9)
+    with pytest.raises(InputError, match="objective: 'fastest'"):
+        lower_bound(fused, "fastest")
+    with pytest.raises(InputError, match="problem: expected a Problem"):
+        lower_bound({"num_devices": 3})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("call", ["generate", "applicable", "simulate", "validate"])
+def test_functions_that_take_a_problem_name_what_they_got(call):
+    from optimizer import schedules, simulate
+
+    calls = {
+        "generate": lambda bad: schedules.generate(bad, "1f1b"),
+        "applicable": schedules.applicable,
+        "simulate": lambda bad: simulate.simulate(bad, []),
+        "validate": lambda bad: validate(bad, []),
+    }
+    with pytest.raises(InputError, match=r"problem: expected a Problem .* got dict"):
+        calls[call]({"num_devices": 4})

@@ -18,7 +18,7 @@ _EXPORTS = {
     "parse_limits": "optimizer.exact.frontier",
     "SolveOptions": "optimizer.exact.options",
     "Progress": "optimizer.exact.options",
-    "lower_bound": "optimizer.exact.bounds",
+    "lower_bound": "optimizer.exact.slicebounds",
     "LowerBound": "optimizer.exact.bounds",
     "pareto": "optimizer.exact.frontier",
     "ParetoCurve": "optimizer.exact.frontier",

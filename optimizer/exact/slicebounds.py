@@ -39,10 +39,12 @@ and the device relaxations hold.
 
 from __future__ import annotations
 
+from optimizer.errors import InputError
 from optimizer.exact.bounds import LowerBound, durations, heads, jackson_preemptive
 from optimizer.exact.bounds import lower_bound as unsliced_lower_bound
+from optimizer.exact.options import OBJECTIVES
 from optimizer.ops import Kind, fusing_can_win, op_duration
-from optimizer.problem import Problem
+from optimizer.problem import Problem, require_problem
 
 Table = list[list[list[float]]]  # stage -> microbatch -> slice
 
@@ -90,6 +92,9 @@ def lower_bound(problem: Problem, objective: str = "makespan", deadline: float |
     (time.monotonic()) the bounds that come in parts (`cut_by_deadline`) keep the parts
     that end by it; the others ignore it. Never below one microbatch's round trip
     (`round_trip_bound`), which always comes in time."""
+    require_problem(problem)
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective: '{objective}' is not one of {', '.join(OBJECTIVES)}")
     return stronger(_lower_bound(problem, objective, deadline), round_trip_bound(problem, objective))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from optimizer.errors import InfeasibleError, InputError
-from optimizer.problem import Problem
+from optimizer.problem import Problem, require_problem
 from optimizer.schedule import Schedule
 from optimizer.schedules import (
     dualpipe_v,
@@ -82,6 +82,7 @@ def get_generator(name: str) -> Generator:
 
 def generate(problem: Problem, name: str) -> Schedule:
     """Build and time the named schedule; a clear error when the family does not apply."""
+    require_problem(problem)
     generator = get_generator(name)
     reason = generator.reason(problem)
     if reason is not None:
@@ -90,6 +91,7 @@ def generate(problem: Problem, name: str) -> Schedule:
 
 
 def applicable(problem: Problem) -> list[Generator]:
+    require_problem(problem)
     return [g for g in GENERATORS.values() if not g.alias and g.reason(problem) is None]
 
 
