@@ -35,7 +35,7 @@ def test_a_start_of_another_problem_or_order_is_refused_naming_it():
     with pytest.raises(InputError, match="starts: half"):
         solve(PROBLEM, "auto", SolveOptions(time_limit=1), starts=[("half", half)])
     with pytest.raises(InputError, match="a \\(name, Schedule\\) pair"):
-        solve(PROBLEM, "auto", SolveOptions(time_limit=1), starts=[full])  # type: ignore[list-item]
+        solve(PROBLEM, "auto", SolveOptions(time_limit=1), starts=[full])
 
 
 def test_a_start_counts_by_its_order_timed_on_the_problem_and_the_limit():
@@ -62,12 +62,12 @@ def test_a_start_counts_by_its_order_timed_on_the_problem_and_the_limit():
         (SolveOptions(time_limit=1e12), "time_limit"),
         (SolveOptions(time_limit=-1), "time_limit"),
         (SolveOptions(seed=2**40), "seed"),
-        (SolveOptions(seed=1.5), "seed"),  # type: ignore[arg-type]
+        (SolveOptions(seed=1.5), "seed"),
         (SolveOptions(threads=0), "threads"),
         (SolveOptions(threads=10**6), "threads"),
-        (SolveOptions(objective="fast"), "objective"),  # type: ignore[arg-type]
-        (SolveOptions(symmetry_breaking="no"), "symmetry_breaking"),  # type: ignore[arg-type]
-        (SolveOptions(solver=None), "solver"),  # type: ignore[arg-type]
+        (SolveOptions(objective="fast"), "objective"),
+        (SolveOptions(symmetry_breaking="no"), "symmetry_breaking"),
+        (SolveOptions(solver=None), "solver"),
     ],
 )
 def test_options_out_of_range_are_refused_before_any_work(options, field):
@@ -78,14 +78,14 @@ def test_options_out_of_range_are_refused_before_any_work(options, field):
 
 
 def test_numpy_integers_are_taken_as_integers():
-    options = checked_options(SolveOptions(time_limit=np.float64(1.0), seed=np.int64(3), threads=np.int32(1)))  # type: ignore[arg-type]
+    options = checked_options(SolveOptions(time_limit=np.float64(1.0), seed=np.int64(3), threads=np.int32(1)))
     assert (type(options.seed), type(options.threads), type(options.time_limit)) == (int, int, float)
-    assert solve(PROBLEM, "auto", SolveOptions(time_limit=1, seed=np.int64(3))).fits_memory()  # type: ignore[arg-type]
+    assert solve(PROBLEM, "auto", SolveOptions(time_limit=1, seed=np.int64(3))).fits_memory()
 
 
 def test_a_problem_that_is_not_one_is_named():
     with pytest.raises(InputError, match="problem: expected a Problem"):
-        solve({"num_devices": 4}, "auto", SolveOptions(time_limit=1))  # type: ignore[arg-type]
+        solve({"num_devices": 4}, "auto", SolveOptions(time_limit=1))
 
 
 @pytest.mark.parametrize("limits", [[math.inf], [math.nan], [-1.0], ["4"], [True], [[1.0, math.nan]], 5])
@@ -128,7 +128,7 @@ def test_the_exported_lower_bound_holds_for_every_problem_kind():
     with pytest.raises(InputError, match="objective: 'fastest'"):
         lower_bound(fused, "fastest")
     with pytest.raises(InputError, match="problem: expected a Problem"):
-        lower_bound({"num_devices": 3})  # type: ignore[arg-type]
+        lower_bound({"num_devices": 3})
 
 
 @pytest.mark.parametrize("call", ["generate", "applicable", "simulate", "validate"])
@@ -142,4 +142,4 @@ def test_functions_that_take_a_problem_name_what_they_got(call):
         "validate": lambda bad: validate(bad, []),
     }
     with pytest.raises(InputError, match=r"problem: expected a Problem .* got dict"):
-        calls[call]({"num_devices": 4})
+        calls[call]({"num_devices": 4})  # type: ignore[arg-type]

@@ -109,7 +109,10 @@ def _checked_limits(limits: object) -> list:
     limit would otherwise be a point marked infeasible, or no limit at all."""
 
     def number(value: object) -> bool:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= MAX_VALUE
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return False
+        number = float(value)
+        return math.isfinite(number) and 0 < number <= MAX_VALUE
 
     try:
         values = list(limits)  # type: ignore[call-overload]
@@ -120,7 +123,7 @@ def _checked_limits(limits: object) -> list:
     checked: list = []
     for k, value in enumerate(values):
         if number(value):
-            checked.append(float(value))  # type: ignore[arg-type]
+            checked.append(float(value))
         elif isinstance(value, (list, tuple)) and value and all(number(v) for v in value):
             checked.append([float(v) for v in value])
         else:

@@ -54,7 +54,7 @@ def checked_options(options: SolveOptions) -> SolveOptions:
         raise InputError(f"time_limit: must be a number of seconds above 0 and at most {MAX_TIME_LIMIT:g}, got {limit!r}")
     if options.objective not in OBJECTIVES:
         raise InputError(f"objective: '{options.objective}' is not one of {', '.join(OBJECTIVES)}")
-    integers = {}
+    integers: dict[str, int] = {}
     for name, low, high in (("seed", *SEED_RANGE), ("threads", 1, MAX_THREADS)):
         value = getattr(options, name)
         try:
@@ -68,7 +68,7 @@ def checked_options(options: SolveOptions) -> SolveOptions:
         raise InputError(f"solver: must be a MILP back end's name, got {options.solver!r}")
     if not isinstance(options.symmetry_breaking, bool):
         raise InputError(f"symmetry_breaking: must be True or False, got {options.symmetry_breaking!r}")
-    return dataclasses.replace(options, time_limit=float(limit), **integers)
+    return dataclasses.replace(options, time_limit=float(limit), seed=integers["seed"], threads=integers["threads"])
 
 
 @dataclass(frozen=True)
