@@ -42,6 +42,7 @@ from optimizer.split import (
     hand_rule_splits,
     layer_memory,
     layer_work,
+    least_memory_split,
     neighbours,
     split_problem,
 )
@@ -106,6 +107,10 @@ class _SplitSearch:
             trial.problem = split_problem(self.profile, self.placement, split, self.num_microbatches, self.memory_limit, self.vocab)
         except SplitInfeasible as error:
             trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
+        except InputError as error:
+            # Its stages' sums pass what a problem takes (every layer within it, some stage's
+            # sum not): this split is out, the others stand.
+            trial.reason = str(error).removeprefix("split: ")
         else:
             found, _ = generator_candidates(trial.problem, deadline=deadline, essential=ESSENTIAL, essential_deadline=essential_deadline)
             best = best_fitting(found, self.options.objective)
@@ -124,7 +129,7 @@ class _SplitSearch:
     def run(self) -> None:
         limit, objective = self.options.time_limit, self.options.objective
         candidate_deadline = self.began + CANDIDATE_SHARE * limit
-        for name, split in candidate_splits(self.profile, self.placement.num_stages, hand_rules=self.vocab is None).items():
+        for name, split in candidate_splits(self.profile, self.placement, hand_rules=self.vocab is None).items():
             deadline = max(candidate_deadline, time.monotonic() + 0.05 * limit)
             # The even split is the baseline every choice is compared with: its automatic
             # schedulers may take most of the time (the families only their share, which
@@ -186,18 +191,20 @@ class _SplitSearch:
         return []
 
 
-def candidate_splits(profile: LayersProfile, num_stages: int, hand_rules: bool = True) -> dict[str, Split]:
+def candidate_splits(profile: LayersProfile, placement: Placement, hand_rules: bool = True) -> dict[str, Split]:
     """The splits every search starts from, by name (duplicates dropped, first name kept).
 
     The hand rules make room for the embedding and the head on the end stages; under
     vocabulary parallelism those are sharded over every device and the rules are left out.
     """
+    num_stages = placement.num_stages
     named: dict[str, Split] = {"even": even_split(profile, num_stages)}
     if hand_rules:
         named.update(hand_rule_splits(profile, num_stages))
     named["bottleneck"] = bottleneck_split(layer_work(profile), num_stages)
-    # The split that needs the least memory: the one to start from when the limit is tight.
-    named["least memory"] = bottleneck_split(layer_memory(profile), num_stages)
+    # The split that needs the least memory, counted per device (a device may hold several
+    # stages): the one to start from when the limit is tight.
+    named["least memory"] = least_memory_split(layer_memory(profile), placement.device_of)
     unique: dict[str, Split] = {}
     for name, split in named.items():
         if split not in unique.values():

@@ -268,7 +268,7 @@ class Problem(_Strict):
             if self.num_slices > 1:
                 raise ValueError("vocab_parallel: vocabulary parallelism with token slices (num_slices > 1) is not supported")
             for d in range(p):
-                if self.vocab_parallel.memory > self.device_limit(d):
+                if self.vocab_parallel.memory > tolerant(self.device_limit(d)):
                     raise ValueError(
                         f"memory_limit: device {d} limit {self.device_limit(d):g} is below one vocabulary pass ({self.vocab_parallel.memory:g})"
                     )

@@ -6,6 +6,7 @@ import itertools
 import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -18,7 +19,7 @@ from optimizer.exact import SolveOptions, solve
 from optimizer.formats.megatron_layout import expand_layout, layout_for, parse_layout
 from optimizer.formats.schedule_json import load_schedule
 from optimizer.layer_costs import DecoderSizes, decoder_layers
-from optimizer.layers import FORMAT, VERSION, layers_from_json
+from optimizer.layers import FORMAT, VERSION, layers_from_json, load_layers
 from optimizer.problem import problem_from_json
 from optimizer.split import (
     Placement,
@@ -27,6 +28,8 @@ from optimizer.split import (
     even_split,
     fewer_at_ends_split,
     fixed_memory,
+    layer_memory,
+    least_memory_split,
     memory_need,
     neighbours,
     split_problem,
@@ -34,6 +37,8 @@ from optimizer.split import (
 from optimizer.validate import validate
 
 pytestmark = [pytest.mark.solver]
+
+DATA = Path(__file__).parent / "data"
 
 
 def random_layers(rng: random.Random, blocks: int, *, ends: bool = True) -> dict:
@@ -175,7 +180,7 @@ def test_hand_rules_and_even_split_place_every_layer():
     profile = decoder_layers(DecoderSizes(blocks=32, vocab=128_000))
     assert even_split(profile, 8) == (5, 4, 4, 4, 4, 4, 4, 5)
     assert fewer_at_ends_split(profile, 8, 1, 1) == (4, 4, 4, 5, 5, 4, 4, 4)  # 3 blocks at each end, 5 in two middle stages
-    for split in candidate_splits(profile, 8).values():
+    for split in candidate_splits(profile, Placement.named("linear", 8)).values():
         assert sum(split) == profile.num_layers and min(split) >= 1
     assert set(neighbours((2, 1, 3))) == {(1, 2, 3), (2, 2, 2)}  # (3, 0, 3) and (2, 0, 4) leave a stage empty
 
@@ -389,3 +394,71 @@ def test_torchtitan_modules_hold_every_module_a_decoder_has(tmp_path):
     problem = split_problem(layers_from_json(data), Placement.named("linear", 2), [4, 5], 4)
     listed = layer_names(generate(problem, "1f1b"))
     assert [n for stage in listed for n in stage].count("norm") == 1
+
+
+def _device_loads(weights: list[float], device_of: tuple[int, ...], split: tuple[int, ...]) -> list[float]:
+    loads, first = [0.0] * (max(device_of) + 1), 0
+    for stage, count in enumerate(split):
+        loads[device_of[stage]] += sum(weights[first : first + count])
+        first += count
+    return loads
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_least_memory_split_counts_every_stage_a_device_holds(seed, monkeypatch):
+    """On the V and interleaved placements a device holds several stages: the per-stage
+    bottleneck split needed up to 35% more there than the best split. Small cases are
+    solved by trying every split; above that, moving boundaries never ends above the
+    per-stage bottleneck it starts from."""
+    rng = random.Random(seed)
+    placement = Placement.named(rng.choice(["vshape", "interleaved:2"]), rng.choice([2, 3]))
+    n = rng.randint(placement.num_stages, placement.num_stages + 6)
+    weights = [rng.uniform(0.1, 1.0) * (10 if rng.random() < 0.15 else 1) for _ in range(n)]
+    every = (tuple(b - a for a, b in zip((0, *cuts), (*cuts, n))) for cuts in itertools.combinations(range(1, n), placement.num_stages - 1))
+    best = min(max(_device_loads(weights, placement.device_of, split)) for split in every)
+    chosen = least_memory_split(weights, placement.device_of)
+    assert sum(chosen) == n and min(chosen) >= 1
+    assert max(_device_loads(weights, placement.device_of, chosen)) == pytest.approx(best, rel=1e-12)
+    monkeypatch.setattr("optimizer.split.LEAST_MEMORY_EXHAUSTIVE", 0)
+    moved = least_memory_split(weights, placement.device_of)
+    start = bottleneck_split(weights, placement.num_stages)
+    assert max(_device_loads(weights, placement.device_of, moved)) <= max(_device_loads(weights, placement.device_of, start)) + 1e-12
+
+
+def test_a_v_split_within_the_limit_is_found_where_the_per_stage_bottleneck_needs_more(tmp_path):
+    # Every named split needed more than 18 (the per-stage least-memory one 20.71): exit 3,
+    # where 3/1/1/3/1/2 needs 15.6 at most.
+    layers_file = DATA / "vshape-least-memory-layers.json"
+    profile = load_layers(layers_file)
+    placement = Placement.named("vshape", 3)
+    assert max(memory_need(profile, placement, least_memory_split(layer_memory(profile), placement.device_of))) <= 18
+    schedule_file = tmp_path / "s.json"
+    args = [str(layers_file), "-p", "3", "-m", "4", "--placement", "vshape", "--memory-limit", "18", "--time-limit", "1", "-q"]
+    result = CliRunner().invoke(app, ["solve", *args, "-o", str(schedule_file)])
+    assert result.exit_code == 0, result.output
+    assert validate(load_schedule(schedule_file).problem, load_schedule(schedule_file).devices) == []
+
+
+def test_a_split_whose_stage_sums_pass_the_largest_value_is_left_out_not_fatal(tmp_path):
+    # Six blocks of 4e11 each: every layer within 1e12, a stage of three is not. The even
+    # split (2/2/2) fits; a hand rule's 3-block stage aborted the whole solve with exit 2.
+    data = random_layers(random.Random(3), 6, ends=False)
+    for layer in data["layers"]:
+        layer.update(forward=4e11, backward_input=4e11, backward_weight=4e11)
+    layers_file = tmp_path / "big.json"
+    layers_file.write_text(json.dumps(data))
+    schedule_file = tmp_path / "s.json"
+    result = CliRunner().invoke(app, ["solve", str(layers_file), "-p", "3", "-m", "2", "--time-limit", "1", "-q", "-o", str(schedule_file)])
+    assert result.exit_code == 0, result.output
+    assert load_schedule(schedule_file).problem.num_stages == 3
+
+
+def test_a_limit_met_within_the_slack_gives_each_device_at_least_its_activations():
+    # Parameters 5 and one activation of 1e-10 under a limit of 5: within the slack, and the
+    # problem's limit of 5 - 5 = 0 was refused ("memory_limit.0: Input should be greater than 0").
+    data = random_layers(random.Random(4), 1, ends=False)
+    layer = data["layers"][0]
+    layer.update(parameters=5.0, memory={"forward": 1e-10, "backward_input": -0.5e-10, "backward_weight": -0.5e-10})
+    profile = layers_from_json(data)
+    problem = split_problem(profile, Placement.named("linear", 1), (1,), 2, 5.0)
+    assert problem.tables().limit[0] >= 1e-10
