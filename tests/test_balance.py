@@ -223,16 +223,44 @@ def test_no_split_fits_says_the_least_limit_and_that_limit_works():
 
 
 @pytest.mark.parametrize("limit", [None, 1e6])
-def test_a_split_is_solved_past_the_limit_when_time_ran_out_before_any_had_a_schedule(monkeypatch, limit):
-    # Many stages and a short limit: the families give nothing in time for any split. The
-    # first split is then solved anyway (without a limit the report of no split failed).
+@pytest.mark.parametrize("seconds", [0.01, 0.5])
+def test_a_split_is_solved_past_the_limit_when_time_ran_out_before_any_had_a_schedule(monkeypatch, limit, seconds):
+    # Many stages and a short limit: the families give nothing in time for any split. With
+    # time left the named splits get the solver; with none, the first split is solved past
+    # the limit (without a limit the report of no split failed).
     monkeypatch.setattr(balance, "generator_candidates", lambda problem, **options: ([], {}))
     profile = layers_from_json(random_layers(random.Random(3), 6))
     placement = Placement.named("linear", 3)
-    result = choose_split(profile, placement, 4, limit, SolveOptions(time_limit=0.5), _auto)
+    result = choose_split(profile, placement, 4, limit, SolveOptions(time_limit=seconds), _auto)
     chosen = result.chosen
-    assert chosen.name == "even" and chosen.schedule is not None and chosen.problem is not None
+    assert chosen.schedule is not None and chosen.problem is not None
     assert validate(chosen.problem, chosen.schedule.devices) == []
+    if seconds == 0.01:  # no time for the solver's share: the rescue of the first split
+        assert chosen.name == "even" and [t.name for t in result.trials if t.schedule is not None] == ["even"]
+    else:
+        assert not chosen.name.startswith("search")
+
+
+def test_named_splits_left_unscored_for_time_get_the_solver_with_the_time_left(monkeypatch):
+    # At a short limit the even split's automatic schedulers took most of the candidates'
+    # share, the other named splits found no schedule in theirs and were never scored,
+    # with time left (a hand rule 2.7% shorter than the even split chosen).
+    found = balance.generator_candidates
+    calls: list[int] = []
+
+    def only_the_first(problem, **options):
+        calls.append(1)
+        return found(problem, **options) if len(calls) == 1 else ([], {})
+
+    monkeypatch.setattr(balance, "generator_candidates", only_the_first)
+    profile = layers_from_json(random_layers(random.Random(6), 7))
+    placement = Placement.named("linear", 3)
+    result = choose_split(profile, placement, 4, None, SolveOptions(time_limit=3), _auto)
+    named = [t for t in result.trials if not t.name.startswith("search")]
+    assert len(named) >= 3 and named[0].name == "even"
+    for trial in named:
+        assert trial.schedule is not None and trial.solver_seconds is not None, trial.name
+        assert result.chosen.value("makespan") <= trial.value("makespan") * (1 + 1e-9), trial.name
 
 
 def test_a_layers_solve_cut_by_ctrl_c_says_so_and_writes_the_best_split(tmp_path, monkeypatch):
