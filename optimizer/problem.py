@@ -8,6 +8,7 @@ the plain tuples from :meth:`Problem.tables` instead of the models.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -532,6 +533,12 @@ def uniform_problem(
     ``mem_backward_weight`` defaults to whatever makes the three deltas sum to zero;
     ``backward`` (the fused BW time) to B + W.
     """
+    for name, count in (("num_devices", num_devices), ("num_microbatches", num_microbatches)):
+        if isinstance(count, bool) or not hasattr(count, "__index__"):
+            raise InputError(f"{name}: must be an integer, got {count!r}")
+    num_devices, num_microbatches = operator.index(num_devices), operator.index(num_microbatches)  # numpy ints too
+    if not isinstance(placement, str):
+        raise InputError(f"placement: must be a name such as linear, vshape or interleaved:2, got {placement!r}")
     try:
         check_size(num_devices, None, num_microbatches)  # before the placement lists a stage per device
     except ValueError as error:

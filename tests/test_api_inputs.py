@@ -143,3 +143,14 @@ def test_functions_that_take_a_problem_name_what_they_got(call):
     }
     with pytest.raises(InputError, match=r"problem: expected a Problem .* got dict"):
         calls[call]({"num_devices": 4})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [4.0, "4", None, True])
+def test_uniform_problem_names_a_count_that_is_not_an_integer(bad):
+    with pytest.raises(InputError, match="^num_devices: must be an integer"):
+        uniform_problem(bad, 8)
+
+
+def test_uniform_problem_takes_numpy_integers():
+    problem = uniform_problem(np.int64(4), np.int32(8))  # type: ignore[arg-type]
+    assert (problem.num_devices, problem.num_microbatches) == (4, 8)
