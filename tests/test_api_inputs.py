@@ -147,7 +147,7 @@ def test_functions_that_take_a_problem_name_what_they_got(call):
 
 @pytest.mark.parametrize("bad", [4.0, "4", None, True])
 def test_uniform_problem_names_a_count_that_is_not_an_integer(bad):
-    with pytest.raises(InputError, match="^num_devices: must be an integer"):
+    with pytest.raises(InputError, match=r"^num_devices: must be an integer"):
         uniform_problem(bad, 8)
 
 
