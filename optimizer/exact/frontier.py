@@ -203,7 +203,7 @@ def _solve_point(
             for s in solved
             if fits_limits(s.metrics.peak_memory, limits)
         ]
-        schedule = solve(limited, "auto", options, on_progress, starts=starts)
+        schedule = solve(limited, "auto", options, on_progress, starts=starts, retime_starts=False)
     except PipeschedError as error:
         # Proven infeasible, or only nothing found in time: the file and the table say which.
         status = "infeasible" if isinstance(error, InfeasibleError) else "unknown"
