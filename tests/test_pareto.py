@@ -49,6 +49,9 @@ def test_sweep_is_monotone_and_marks_infeasible_limits(tmp_path):
     svg = tmp_path / "curve.svg"
     plot_pareto(curve, svg)
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+    with pytest.raises(InputError, match=r"curve\.png does not end in \.svg"):  # it wrote SVG into it
+        plot_pareto(curve, tmp_path / "curve.png")
+    assert not (tmp_path / "curve.png").exists()
 
 
 def test_known_schedules_are_placed_as_their_papers_define_them():

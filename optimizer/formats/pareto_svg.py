@@ -20,6 +20,8 @@ def plot_pareto(curve: ParetoCurve, path: str | Path) -> None:
     """An SVG with two panels: bubble and makespan against memory, solver curve and known schedules."""
     from optimizer.io import write_text_atomic
 
+    if Path(path).suffix.lower() != ".svg":  # the text is SVG whatever the name says
+        raise InputError(f"plot: {path} does not end in .svg; the plot is an SVG")
     write_text_atomic(path, pareto_svg(curve))
 
 
