@@ -102,6 +102,7 @@ class _SplitSearch:
     vocab: VocabSharding | None = None
     began: float = field(default_factory=time.monotonic)
     trials: list[SplitTrial] = field(default_factory=list)
+    input_error: InputError | None = None  # the first split refused as input, if any
 
     def score(self, split: Split, name: str, deadline: float, essential_deadline: float | None = None) -> SplitTrial:
         """Try `split`: its best known fitting schedule (families and automatic schedulers;
@@ -114,8 +115,10 @@ class _SplitSearch:
             trial.reason, trial.need = str(error).removeprefix("memory_limit: "), error.need
         except InputError as error:
             # Its stages' sums pass what a problem takes (every layer within it, some stage's
-            # sum not): this split is out, the others stand.
+            # sum not): this split is out, the others stand. Kept: where every split is out,
+            # it is the reason (the size limit too), not the memory.
             trial.reason = str(error).removeprefix("split: ")
+            self.input_error = self.input_error or error
         else:
             found, _ = generator_candidates(trial.problem, deadline=deadline, essential=ESSENTIAL, essential_deadline=essential_deadline)
             best = best_fitting(found, self.options.objective)
@@ -255,6 +258,8 @@ def choose_split(
     if not fitting:
         if interrupted:
             raise KeyboardInterrupt
+        if search.input_error is not None and all(t.problem is None and t.need is None for t in search.trials):
+            raise search.input_error  # no split was a problem at all: not a memory question
         raise _no_split_fits(search.trials, memory_limit)
     chosen = min(fitting, key=lambda t: t.value(options.objective))
     return BalanceResult(chosen, search.trials, interrupted, vocab)

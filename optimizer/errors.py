@@ -8,6 +8,18 @@ class PipeschedError(Exception):
 
     exit_code = 2
 
+    def __reduce__(self):
+        # Rebuilt from the message and the attributes, whatever the subclass's __init__
+        # takes: errors cross processes (a process pool, the ranks' reports).
+        return (_rebuilt, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt(cls: type[PipeschedError], args: tuple, state: dict) -> PipeschedError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class InputError(PipeschedError):
     """Bad input: a file, a field or an option the user gave (exit 2)."""
@@ -30,9 +42,6 @@ class DeadlockError(PipeschedError):
         super().__init__(message)
         self.blocked = blocked
 
-    def __reduce__(self):  # both arguments, so that it crosses processes (a process pool)
-        return (type(self), (str(self), self.blocked))
-
 
 class ScheduleError(PipeschedError):
     """A schedule that breaks the problem's rules (exit 1); `violations` lists them all."""
@@ -44,6 +53,3 @@ class ScheduleError(PipeschedError):
         super().__init__(f"{source}: invalid schedule: {shown}")
         self.source = source
         self.violations = violations
-
-    def __reduce__(self):  # both arguments, so that it crosses processes (a process pool)
-        return (type(self), (self.source, self.violations))

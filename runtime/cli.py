@@ -27,12 +27,6 @@ for _signum, _default in ((signal.SIGINT, signal.default_int_handler), (signal.S
 # is ignored for a few milliseconds and held pending on this thread
 # (runtime/forkserver.rank_context), and another thread taking it would drop it.
 _mask_while_loading = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT} & set(_handlers_while_loading))
-# torch's C++ code logs to stderr on its own (a rank that cannot join its torchrun job
-# printed 30 lines of C++ frames before the one-line error that says the same): read when
-# torch loads, so set before any import of it. --debug, or the variable set by the user,
-# keeps torch's own level.
-if "--debug" not in sys.argv[1:]:
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402
@@ -63,7 +57,13 @@ _DEBUG_HELP = "Print the traceback of a model's or a rank's exception."
 _MIN_TIMEOUT, _MAX_TIMEOUT = 1.0, 1e6
 
 
-def _start_rank_server() -> None:
+def _start_rank_server(debug: bool) -> None:
+    # torch's C++ code logs to stderr on its own (a rank that cannot join its torchrun job
+    # prints pages of C++ frames before the one-line error that says the same). The level
+    # is read when torch loads, so it is set before any import of torch, here and in the
+    # ranks the server forks; --debug, or a level the user set, keeps torch's own.
+    if not debug and not os.environ.get("TORCH_CPP_LOG_LEVEL"):
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     # Before torch is imported here, so the rank server's import runs alongside ours.
     if "RANK" not in os.environ:
         from runtime.forkserver import rank_context
@@ -155,7 +155,7 @@ def run(
     if violations:
         raise ScheduleError(str(schedule_file), violations)
     with interrupts_deferred():
-        _start_rank_server()
+        _start_rank_server(debug)
         _require_torch("run")
         from runtime.launch import launch, run_here, under_torchrun
         from runtime.models import load_model
@@ -291,7 +291,7 @@ def profile(
     if _world_size(devices) != devices:
         raise InputError(f"devices: {devices}, but torchrun started {os.environ['WORLD_SIZE']} ranks")
     with interrupts_deferred():
-        _start_rank_server()
+        _start_rank_server(debug)
         _require_torch("profile")
         from runtime.launch import launch, run_here, under_torchrun
         from runtime.models import load_model

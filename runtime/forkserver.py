@@ -58,11 +58,13 @@ def _check_socket_folder() -> None:
 
     from optimizer.errors import InputError
 
-    folder = util.get_temp_dir()
-    if len(os.fsencode(folder)) + _SOCKET_NAME > SOCKET_PATH_MAX:
+    folder = os.fsencode(util.get_temp_dir())  # TMPDIR's own pymp-XXXXXXXX folder
+    if len(folder) + _SOCKET_NAME > SOCKET_PATH_MAX:
+        base = os.path.dirname(folder)
+        most = SOCKET_PATH_MAX - _SOCKET_NAME - (len(folder) - len(base))
         raise InputError(
-            f"TMPDIR: the temporary folder {folder} is too long a path for the rank server's socket "
-            f"(at most {SOCKET_PATH_MAX - _SOCKET_NAME} bytes with its pymp- folder); set TMPDIR to a shorter folder, e.g. /tmp"
+            f"TMPDIR: {os.fsdecode(base)} is too long a path for the rank server's socket "
+            f"(at most {most} bytes); set TMPDIR to a shorter folder, e.g. /tmp"
         )
 
 

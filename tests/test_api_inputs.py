@@ -108,11 +108,38 @@ def test_the_validator_refuses_times_that_are_not_finite():
 
 
 def test_errors_with_two_arguments_cross_processes():
-    for error in (DeadlockError("deadlock: device 0 waits at F", {0: "F"}), ScheduleError("s.json", ["a", "b"])):
+    from optimizer.split import SplitInfeasible
+    from runtime.launch import LaunchError
+
+    errors = [
+        DeadlockError("deadlock: device 0 waits at F", {0: "F"}),
+        ScheduleError("s.json", ["a", "b"]),
+        SplitInfeasible("memory_limit: needs 20", 20.0),
+        LaunchError("rank 1 failed", 1),
+    ]
+    for error in errors:
         copy = pickle.loads(pickle.dumps(error))
-        assert type(copy) is type(error) and str(copy) == str(error)
+        assert type(copy) is type(error) and str(copy) == str(error) and vars(copy) == vars(error)
     assert pickle.loads(pickle.dumps(DeadlockError("x", {1: "B"}))).blocked == {1: "B"}
     assert pickle.loads(pickle.dumps(ScheduleError("s", ["v"]))).violations == ["v"]
+
+
+def test_numpy_numbers_and_list_pairs_are_taken():
+    options = checked_options(SolveOptions(time_limit=np.float32(1.0), seed=np.int64(1)))
+    assert options.time_limit == 1.0 and type(options.time_limit) is float
+    assert checked_options(SolveOptions(time_limit=np.int64(2))).time_limit == 2.0
+    start = generate(PROBLEM, "zb-h1")
+    result = solve(PROBLEM, "auto", SolveOptions(time_limit=1), starts=[["mine", start]])
+    assert result.makespan <= start.makespan * (1 + 1e-9)
+
+
+def test_pareto_takes_per_device_limits_and_names_a_list_of_the_wrong_length():
+    curve = pareto(uniform_problem(2, 4), [[2.0, 2.0], [3.0, 2.0]], SolveOptions(time_limit=1))
+    assert [p.limit for p in curve.points] == [[2.0, 2.0], [3.0, 2.0]] and all(p.feasible for p in curve.points)
+    with pytest.raises(InputError, match="a list of 2 of them, one per device"):
+        pareto(uniform_problem(2, 4), [[2.0, 2.0, 2.0]], SolveOptions(time_limit=1))
+    with pytest.raises(InputError, match="problem: expected a Problem"):
+        pareto({"num_devices": 2}, [2.0], SolveOptions(time_limit=1))
 
 
 def test_the_exported_lower_bound_holds_for_every_problem_kind():

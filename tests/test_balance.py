@@ -490,3 +490,13 @@ def test_a_limit_met_within_the_slack_gives_each_device_at_least_its_activations
     profile = layers_from_json(data)
     problem = split_problem(profile, Placement.named("linear", 1), (1,), 2, 5.0)
     assert problem.tables().limit[0] >= 1e-10
+
+
+def test_a_size_over_the_limit_is_named_not_taken_for_a_memory_failure(tmp_path):
+    # Every split's problem is over the op limit: the search dropped each split as input and
+    # then said "no split tried has a schedule" (exit 3) where no memory limit was given.
+    layers_file = tmp_path / "l.json"
+    assert CliRunner().invoke(app, ["layers", "--blocks", "8", "-o", str(layers_file)]).exit_code == 0
+    result = CliRunner().invoke(app, ["solve", str(layers_file), "-p", "8", "-m", "4000", "-q", "-o", str(tmp_path / "s.json")])
+    assert result.exit_code == 2, result.output
+    assert "more than the 50000" in result.output and "memory_limit" not in result.output

@@ -557,7 +557,15 @@ def cases() -> list[Case]:
             "run-torchrun-cannot-join",
             ["run", "{C}/s.json", "--model", "example", "--timeout", "1"],
             ["rank 1: cannot join the torchrun job"],
-            env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_unused_port())},
+            # an empty level counts as unset: the command must set it, whatever the test process has
+            env={
+                "RANK": "1",
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(_unused_port()),
+                "TORCH_CPP_LOG_LEVEL": "",
+            },
         ),
         # RANK alone was ignored: every rank was started here.
         Case(

@@ -154,3 +154,18 @@ def test_the_same_curve_draws_the_same_svg():
     assert first == second
     assert "<dc:date>" not in first
     assert "clip-path=" in first  # ids are still drawn, only fixed
+
+
+def test_only_a_proven_infeasible_limit_is_shaded_as_no_schedule_fits():
+    from optimizer.exact.frontier import GeneratorPoint, ParetoCurve, ParetoPoint
+    from optimizer.formats.pareto_svg import pareto_svg
+
+    def curve(status: str) -> ParetoCurve:
+        return ParetoCurve(
+            points=[ParetoPoint(1.0, False, status=status), ParetoPoint(2.0, True, 30.0, 0.2, 28.0, 0.07, "feasible", "greedy", 2.0)],
+            generators=[GeneratorPoint("1f1b", 4.0, 27.0, 0.1)],
+            time_limit=1.0,
+        )
+
+    assert "no schedule fits" in pareto_svg(curve("infeasible"))
+    assert "no schedule fits" not in pareto_svg(curve("unknown"))

@@ -25,7 +25,7 @@ from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
 from optimizer.exact.tracker import Tracker
 from optimizer.ops import fusing_can_win
-from optimizer.problem import Problem
+from optimizer.problem import Problem, require_problem
 from optimizer.schedule import Schedule
 from optimizer.schedules.listengine import check_memory_feasible
 
@@ -78,8 +78,7 @@ def solve(
     (`retime_starts`), or, with False, taken as it is: schedules of this very problem,
     already timed by pipesched (the pareto sweep's points, where timing each earlier point
     again at every limit would cost a simulation per point and limit)."""
-    if not isinstance(problem, Problem):
-        raise InputError(f"problem: expected a Problem (optimizer.problem.load_problem reads a file), got {type(problem).__name__}")
+    require_problem(problem)
     options = checked_options(options if options is not None else SolveOptions())
     if method not in METHODS:
         raise InputError(f"method: '{method}' is not one of {', '.join(METHODS)}")
@@ -141,7 +140,8 @@ def _starts_of(problem: Problem, starts: Sequence[tuple[str, Schedule]]) -> list
 
     timed = []
     for entry in starts:
-        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], Schedule)):
+        pair = isinstance(entry, Sequence) and not isinstance(entry, str) and len(entry) == 2
+        if not (pair and isinstance(entry[0], str) and isinstance(entry[1], Schedule)):
             raise InputError(f"starts: each start is a (name, Schedule) pair, got {type(entry).__name__}")
         name, given = entry
         order = given.order()

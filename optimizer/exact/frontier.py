@@ -23,13 +23,13 @@ from optimizer.exact.incumbents import generator_candidates
 from optimizer.exact.options import Progress, SolveOptions, checked_options
 from optimizer.exact.portfolio import GENERATOR_SHARE
 from optimizer.io import describe_validation_error
-from optimizer.problem import MAX_VALUE, Problem
+from optimizer.problem import MAX_VALUE, Problem, require_problem
 from optimizer.schedule import Schedule, fits_limits
 
 
 @dataclass
 class ParetoPoint:
-    limit: float
+    limit: float | list[float]  # a per-device list when given so (Python API)
     feasible: bool
     makespan: float | None = None
     bubble: float | None = None
@@ -103,7 +103,7 @@ def parse_limits(text: str) -> list[float]:
     return [float(f"{start + k * step:.12g}") for k in range(count)]
 
 
-def _checked_limits(limits: object) -> list:
+def _checked_limits(limits: object, num_devices: int) -> list:
     """A list of limits given in Python, each a positive finite number or a per-device list
     of them, at most MAX_LIMITS (InputError naming the first that is not): a NaN or infinite
     limit would otherwise be a point marked infeasible, or no limit at all."""
@@ -124,10 +124,13 @@ def _checked_limits(limits: object) -> list:
     for k, value in enumerate(values):
         if number(value):
             checked.append(float(value))
-        elif isinstance(value, (list, tuple)) and value and all(number(v) for v in value):
+        elif isinstance(value, (list, tuple)) and len(value) == num_devices and all(number(v) for v in value):
             checked.append([float(v) for v in value])
         else:
-            raise InputError(f"limits.{k}: {value!r} is not a memory limit (a number above 0 and at most {MAX_VALUE:g}, or a list of them)")
+            raise InputError(
+                f"limits.{k}: {value!r} is not a memory limit (a number above 0 and at most {MAX_VALUE:g}, "
+                f"or a list of {num_devices} of them, one per device)"
+            )
     return checked
 
 
@@ -148,8 +151,9 @@ def pareto(
     on_progress: Callable[[Progress], None] | None = None,
 ) -> ParetoCurve:
     """Solve `problem` under every limit; see the module doc."""
+    require_problem(problem)
     options = checked_options(options if options is not None else SolveOptions(time_limit=10.0))
-    values = parse_limits(limits) if isinstance(limits, str) else _checked_limits(limits)
+    values = parse_limits(limits) if isinstance(limits, str) else _checked_limits(limits, problem.num_devices)
     unlimited = Problem.model_validate({**problem.model_dump(mode="json"), "memory_limit": None})
     # The known schedules get the share of one limit's time that `solve` gives them: at
     # the size limit, building all of them takes longer than a short time limit.
@@ -199,7 +203,7 @@ def _solve_point(
         limited = _with_limit(problem, limit)
         limits = limited.tables().limit
         starts = [
-            (f"point at limit {s.problem.memory_limit:.12g}", _retimed(limited, s))
+            (f"point at limit {_limit_name(s.problem.memory_limit)}", _retimed(limited, s))
             for s in solved
             if fits_limits(s.metrics.peak_memory, limits)
         ]
@@ -211,6 +215,13 @@ def _solve_point(
     m = schedule.metrics
     point = ParetoPoint(limit, True, m.makespan, m.bubble_ratio, m.lower_bound, m.gap, m.status, m.method_won, max(m.peak_memory))
     return point, schedule
+
+
+def _limit_name(limit: float | list[float] | None) -> str:
+    """A limit as a start's name says it: twelve digits, a per-device list in brackets."""
+    if isinstance(limit, list):
+        return "[" + ", ".join(f"{v:.12g}" for v in limit) + "]"
+    return f"{limit:.12g}"
 
 
 def _retimed(problem: Problem, schedule: Schedule) -> Schedule:

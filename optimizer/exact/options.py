@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ def checked_options(options: SolveOptions) -> SolveOptions:
     if not isinstance(options, SolveOptions):
         raise InputError(f"options: expected SolveOptions, got {type(options).__name__}")
     limit = options.time_limit
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or not 0 < limit <= MAX_TIME_LIMIT:
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Real) or not math.isfinite(limit) or not 0 < limit <= MAX_TIME_LIMIT:
         raise InputError(f"time_limit: must be a number of seconds above 0 and at most {MAX_TIME_LIMIT:g}, got {limit!r}")
     if options.objective not in OBJECTIVES:
         raise InputError(f"objective: '{options.objective}' is not one of {', '.join(OBJECTIVES)}")

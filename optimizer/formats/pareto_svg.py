@@ -49,6 +49,11 @@ def require_matplotlib(option: str) -> None:
         raise InputError(f"{option}: needs matplotlib ({error}); install it with pip install 'pipesched[plot]'") from None
 
 
+def _x(limit: float | list[float]) -> float:
+    """Where a limit sits on the memory axis: a per-device list at its largest value."""
+    return max(limit) if isinstance(limit, list) else limit
+
+
 def pareto_figure(curve: ParetoCurve):
     """The matplotlib figure of `plot_pareto` (Agg backend, no display needed)."""
     import matplotlib
@@ -61,7 +66,7 @@ def pareto_figure(curve: ParetoCurve):
     for axis, metric, label in ((left, "bubble", "bubble rate"), (right, "makespan", "makespan")):
         if solved:
             axis.step(
-                [p.limit for p in solved],
+                [_x(p.limit) for p in solved],
                 [getattr(p, metric) for p in solved],
                 where="post",
                 marker="o",
@@ -69,13 +74,15 @@ def pareto_figure(curve: ParetoCurve):
                 label="pipesched auto",
             )
         if metric == "makespan" and solved:
-            axis.plot([p.limit for p in solved], [p.bound for p in solved], ls="--", color="tab:gray", label="lower bound")
+            axis.plot([_x(p.limit) for p in solved], [p.bound for p in solved], ls="--", color="tab:gray", label="lower bound")
         for g in curve.generators:
             axis.scatter([g.peak_memory], [getattr(g, metric)], marker="s", color="tab:orange", zorder=3)
             axis.annotate(g.name, (g.peak_memory, getattr(g, metric)), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        infeasible = [p.limit for p in curve.points if not p.feasible]
+        # Only proven infeasibility is shaded: a limit where nothing was found in time
+        # ("unknown") may still have a schedule.
+        infeasible = [_x(p.limit) for p in curve.points if not p.feasible and p.status == "infeasible"]
         if infeasible:
-            first_fit = min((p.limit for p in solved if p.limit > max(infeasible)), default=max(infeasible))
+            first_fit = min((_x(p.limit) for p in solved if _x(p.limit) > max(infeasible)), default=max(infeasible))
             axis.axvspan(min(infeasible), first_fit, color="tab:red", alpha=0.08, label="no schedule fits")
         axis.set_xlabel("memory limit / peak memory")
         axis.set_ylabel(label)

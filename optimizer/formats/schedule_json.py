@@ -9,6 +9,7 @@ older readers keep loading it; every version is read.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Literal
@@ -171,7 +172,11 @@ def _check_metrics(metrics: _MetricsRecord, schedule: Schedule, source: str) -> 
         len(claimed_peaks) != len(computed.peak_memory)
         or any(differs(claimed, actual, peak_scale) for claimed, actual in zip(claimed_peaks, computed.peak_memory))
     ):
-        shown = ", ".join(f"{v:g}" for v in computed.peak_memory)
+        shown = ", ".join(
+            apart(actual, claimed)[0] if claimed is not None else f"{actual:g}"
+            for actual, claimed in itertools.zip_longest(computed.peak_memory, claimed_peaks)
+            if actual is not None
+        )
         raise InputError(f"{source}: metrics.peak_memory: not what the schedule's ops give ([{shown}])")
     makespan = computed.makespan
     if metrics.lower_bound is not None and metrics.lower_bound > makespan * (1 + 1e-9):
