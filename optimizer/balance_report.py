@@ -20,7 +20,7 @@ from optimizer.exact.incumbents import objective_value
 from optimizer.exact.options import SolveOptions
 from optimizer.layers import layers_from_json
 from optimizer.problem import Problem, check_size
-from optimizer.schedule import Schedule
+from optimizer.schedule import Schedule, metrics_summary
 from optimizer.split import Placement
 from optimizer.vocab_layers import shard_vocabulary
 
@@ -121,7 +121,7 @@ def _as_json(result: BalanceResult, objective: str) -> dict:
         )
     schedule = cast("Schedule", result.chosen.schedule)
     vocab = None if result.vocab is None else result.vocab.passes.model_dump()
-    return {"metrics": schedule.metrics.as_dict(), "splits": rows, "splits_tried": len(result.trials), "vocab_parallel": vocab}
+    return {"metrics": metrics_summary(schedule), "splits": rows, "splits_tried": len(result.trials), "vocab_parallel": vocab}
 
 
 def _note(trial: SplitTrial) -> str:

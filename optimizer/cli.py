@@ -33,7 +33,7 @@ from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.interrupts import interrupts_deferred, terminations_as_interrupts
 from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs, writes_stdout
 from optimizer.problem import MAX_VALUE, Problem, load_problem, problem_from_json, tolerant, uniform_problem
-from optimizer.schedule import Schedule
+from optimizer.schedule import Schedule, metrics_summary
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -575,7 +575,7 @@ def _print_against_starts(schedule: Schedule, starts: list[Start], objective: st
     given = [objective_value(t, objective) for t in timed]
     if as_json:
         rows = [{"file": str(s.path), objective: v} for s, v in zip(starts, given)]
-        print(json.dumps({**metrics_json(schedule), "starts": rows}))
+        print(json.dumps({**metrics_summary(schedule), "starts": rows}))
         return
     print(metrics_line(schedule))
     for s, v in zip(starts, given):
@@ -777,17 +777,9 @@ def _memory_overflow(schedule: Schedule) -> str:
 
 def _print_metrics(schedule: Schedule, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(metrics_json(schedule)))
+        print(json.dumps(metrics_summary(schedule)))
     else:
         print(metrics_line(schedule))
-
-
-def metrics_json(schedule: Schedule) -> dict:
-    """The schedule's metrics, and its longest device span (what `--objective span`
-    minimizes and the bubble ratio is counted on), for --json."""
-    from optimizer.schedule import longest_span
-
-    return {**schedule.metrics.as_dict(), "longest_span": longest_span(schedule.devices)}
 
 
 def comparison_rows(problem: Problem, extra: dict[str, Schedule] | None = None) -> list[dict]:
@@ -992,7 +984,7 @@ def import_(
     if as_json:
         print(
             json.dumps(
-                {**metrics_json(schedule), "overlapped_pairs": imported.overlapped_pairs, "skipped_actions": imported.skipped_actions}
+                {**metrics_summary(schedule), "overlapped_pairs": imported.overlapped_pairs, "skipped_actions": imported.skipped_actions}
             )
         )
         return

@@ -60,6 +60,12 @@ def longest_span(devices: Sequence[Sequence[TimedOp]]) -> float:
     return max((ops[-1].end - ops[0].start for ops in devices if ops), default=0.0)
 
 
+def metrics_summary(schedule: Schedule) -> dict:
+    """The schedule's metrics and its longest device span (what the span objective
+    minimizes and the bubble ratio is counted on), as the commands print them with --json."""
+    return {**schedule.metrics.as_dict(), "longest_span": longest_span(schedule.devices)}
+
+
 def fits_limits(peaks: Sequence[float], limits: Sequence[float]) -> bool:
     """Whether every device's peak is within its limit (optimizer.problem.MEMORY_SLACK)."""
     return all(peak <= tolerant(limit) for peak, limit in zip(peaks, limits))

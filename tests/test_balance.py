@@ -500,3 +500,14 @@ def test_a_size_over_the_limit_is_named_not_taken_for_a_memory_failure(tmp_path)
     result = CliRunner().invoke(app, ["solve", str(layers_file), "-p", "8", "-m", "4000", "-q", "-o", str(tmp_path / "s.json")])
     assert result.exit_code == 2, result.output
     assert "more than the 50000" in result.output and "memory_limit" not in result.output
+
+
+def test_a_layers_solve_prints_the_longest_span_with_json(tmp_path):
+    layers_file, schedule_file = tmp_path / "l.json", tmp_path / "s.json"
+    assert CliRunner().invoke(app, ["layers", "--blocks", "4", "-o", str(layers_file)]).exit_code == 0
+    args = ["solve", str(layers_file), "-p", "2", "-m", "4", "--time-limit", "1", "-q", "--json", "-o", str(schedule_file)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)["metrics"]
+    devices = load_schedule(schedule_file).devices
+    assert metrics["longest_span"] == pytest.approx(max(ops[-1].end - ops[0].start for ops in devices))
