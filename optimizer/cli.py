@@ -469,7 +469,8 @@ def solve(
         raise InputError(f"--start: only with --method auto, cpsat or milp; {method} is a schedule family")
     data = read_json(problem_file)
     if is_layers_data(data):
-        from optimizer.balance_report import solve_layers
+        with interrupts_deferred():  # it loads OR-Tools and pandas: an interrupted import fails as ImportError
+            from optimizer.balance_report import solve_layers
 
         if certify > 0:
             raise InputError(f"--certify: only for a problem file; {problem_file} is a layers file")

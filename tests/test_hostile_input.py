@@ -1036,6 +1036,26 @@ def test_ctrl_c_early_in_solve_is_not_swallowed(tmp_path, delay: float) -> None:
         load_schedule(tmp_path / "s.json")
 
 
+@pytest.mark.slow
+def test_ctrl_c_while_a_layers_solve_loads_the_solver_is_not_an_import_error(tmp_path) -> None:
+    # A layers file loads the split search (OR-Tools, pandas) after the command starts:
+    # interrupted there, an import failed with a traceback (exit 1; at 0.40-0.42 s on this
+    # machine) or the interrupt was swallowed. The moment depends on the machine: a sweep.
+    layers_file = tmp_path / "l.json"
+    made, _ = run_cli(["layers", "--blocks", "32", "-o", str(layers_file)], tmp_path)
+    assert made.returncode == 0, made.stderr
+    args = ["solve", str(layers_file), "-p", "8", "-m", "32", "--placement", "vshape", "--memory-limit", "60"]
+    for step in range(16):
+        delay = 0.30 + 0.02 * step
+        process = start([*args, "--time-limit", "30", "-q", "-o", "s.json"], tmp_path, tmp_path)
+        time.sleep(delay)
+        began = time.monotonic()
+        _, err = interrupt(process)
+        assert time.monotonic() - began < 10, (delay, err)
+        assert process.returncode == 130, (delay, err)
+        assert "Traceback" not in err and "ImportError" not in err, (delay, err)
+
+
 def test_ctrl_c_during_pareto_writes_the_points_so_far(tmp_path) -> None:
     process = start(
         ["pareto", str(hard_problem(tmp_path)), "--limits", "3:8:1", "--time-limit", "3", "-o", "c.json", "--plot", "c.svg"],
@@ -1460,3 +1480,20 @@ def test_threads_started_while_the_commands_load_keep_ctrl_c_blocked() -> None:
     assert result.returncode == 0 and "main False" in lines, result.stderr
     others = [line for line in lines if line.startswith("other")]
     assert others and all(line == "other True" for line in others)
+
+
+def test_the_console_leaves_signals_ignored_for_the_interpreters_shutdown(tmp_path) -> None:
+    # Python's shutdown puts SIGINT back to its default and unloads the modules (about
+    # 0.1 s): a Ctrl-C then killed the process by SIGINT (-2 to a parent) after the command
+    # had decided its status. The console leaves SIGINT, SIGTERM and SIGHUP ignored.
+    script = (
+        "import signal, sys\n"
+        f"sys.argv = ['pipesched', 'problem', '-p', '2', '-m', '2', '-o', {str(tmp_path / 'p.json')!r}]\n"
+        "from runtime.cli import _console\n"
+        "code = _console()\n"
+        "print(code, [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)])\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **NO_BYTECODE}
+    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "0 [True, True, True]", result.stdout

@@ -24,6 +24,7 @@ from optimizer.exact.spantiming import final_timing_seconds
 from optimizer.exact.subproblem import full_subproblem
 from optimizer.exact.timescale import integer_tables
 from optimizer.exact.tracker import Tracker
+from optimizer.interrupts import interrupts_deferred
 from optimizer.ops import fusing_can_win
 from optimizer.problem import Problem, require_problem
 from optimizer.schedule import Schedule
@@ -173,7 +174,8 @@ def _ignoring_interrupts() -> Iterator[None]:
 def _milp():
     """The MILP module, imported on first use: PuLP is an optional extra (pipesched[milp])."""
     try:
-        from optimizer.exact import milp
+        with interrupts_deferred():  # PuLP tries highspy under a bare except: a Ctrl-C there is lost
+            from optimizer.exact import milp
     except ImportError as error:
         raise InputError(f"method: milp needs PuLP ({error}); install it with pip install 'pipesched[milp]'") from None
     return milp
