@@ -23,11 +23,11 @@ pytestmark = pytest.mark.runtime
 
 runner = CliRunner()
 
-# ms per op, per stage: all different and 20 ms apart, so that a stage swap or a B/W
-# mix-up shows, and half a gap (10 ms) separates a correct sleep from a wrong one (at 10
-# ms apart, a median overshoot of 5.8 ms was measured once with the suite's two workers
-# busy beside the profile).
-TIMES = [(20.0, 60.0, 40.0), (80.0, 120.0, 100.0)]
+# ms per op, per stage: all different and 40 ms apart, so that a stage swap or a B/W
+# mix-up shows, and half a gap (20 ms) separates a correct sleep from a wrong one (sleeps
+# overshot by up to 20 ms with the suite's two workers and other work on the two cores;
+# at 10 ms apart a median overshoot of 5.8 ms was measured with the workers alone).
+TIMES = [(30.0, 110.0, 70.0), (150.0, 230.0, 190.0)]
 _TIMES_SORTED = sorted({value for row in TIMES for value in row})
 HALF_GAP = min(b - a for a, b in zip(_TIMES_SORTED, _TIMES_SORTED[1:])) / 2
 
@@ -97,9 +97,8 @@ def test_each_op_sleeps_its_time_in_one_process():
         assert sorted(values)[len(values) // 2] < expected + HALF_GAP, (kind, stage, values)
 
 
-# A fused backward's own time per stage, well below B + W (100 and 220 ms) and more
-# than half a gap away from every other op time above.
-FUSED = (70.0, 150.0)
+# A fused backward's own time per stage, well below B + W (180 and 420 ms).
+FUSED = (90.0, 250.0)
 
 
 @pytest.mark.parametrize("memory_backward_input", [-1.5, 0.5])
