@@ -184,7 +184,7 @@ class _SplitSearch:
             finally:
                 trial.solver_seconds = share
             if objective_value(solved, objective) < trial.value(objective):
-                trial.schedule = solved
+                trial.schedule, trial.reason = solved, None
 
     def rescue(self) -> list[SplitTrial]:
         """The first split tried that left no schedule for lack of time (not of memory),

@@ -28,6 +28,7 @@ for _signum, _default in ((signal.SIGINT, signal.default_int_handler), (signal.S
 # (runtime/forkserver.rank_context), and another thread taking it would drop it.
 _mask_while_loading = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT} & set(_handlers_while_loading))
 
+import atexit  # noqa: E402
 import contextlib  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
@@ -57,13 +58,7 @@ _DEBUG_HELP = "Print the traceback of a model's or a rank's exception."
 _MIN_TIMEOUT, _MAX_TIMEOUT = 1.0, 1e6
 
 
-def _start_rank_server(debug: bool) -> None:
-    # torch's C++ code logs to stderr on its own (a rank that cannot join its torchrun job
-    # prints pages of C++ frames before the one-line error that says the same). The level
-    # is read when torch loads, so it is set before any import of torch, here and in the
-    # ranks the server forks; --debug, or a level the user set, keeps torch's own.
-    if not debug and not os.environ.get("TORCH_CPP_LOG_LEVEL"):
-        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+def _start_rank_server() -> None:
     # Before torch is imported here, so the rank server's import runs alongside ours.
     if "RANK" not in os.environ:
         from runtime.forkserver import rank_context
@@ -91,10 +86,18 @@ def _check_options(timeout: float, backend: str, threads: int | None) -> None:
 
 
 def with_debug(command):
-    """With --debug, print the traceback behind a one-line error (a user model's exception)."""
+    """With --debug, print the traceback behind a one-line error (a user model's exception),
+    and keep torch's own C++ log lines."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        # torch's C++ code logs to stderr on its own (a rank that cannot join its torchrun
+        # job prints pages of C++ frames before the one-line error that says the same). The
+        # level is read when torch loads, so it is set before the command imports anything
+        # of it (a model, the rank server and its ranks inherit it); --debug, or a level
+        # the user set, keeps torch's own.
+        if not kwargs.get("debug") and not os.environ.get("TORCH_CPP_LOG_LEVEL"):
+            os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
         try:
             return command(*args, **kwargs)
         except PipeschedError as error:
@@ -155,7 +158,7 @@ def run(
     if violations:
         raise ScheduleError(str(schedule_file), violations)
     with interrupts_deferred():
-        _start_rank_server(debug)
+        _start_rank_server()
         _require_torch("run")
         from runtime.launch import launch, run_here, under_torchrun
         from runtime.models import load_model
@@ -291,7 +294,7 @@ def profile(
     if _world_size(devices) != devices:
         raise InputError(f"devices: {devices}, but torchrun started {os.environ['WORLD_SIZE']} ranks")
     with interrupts_deferred():
-        _start_rank_server(debug)
+        _start_rank_server()
         _require_torch("profile")
         from runtime.launch import launch, run_here, under_torchrun
         from runtime.models import load_model
@@ -383,22 +386,44 @@ def main() -> int:
 
 
 def _console() -> int:
+    status = INTERRUPTED
     try:
         try:
             # A rank of a torchrun job keeps SIGTERM's default: torchrun stops its workers
             # with it, and a rank waiting for a transfer would see it only when the wait
             # ends (up to --timeout), where torchrun gives it 30 s before SIGKILL.
-            return run_app(app, terminations="RANK" not in os.environ)
+            status = run_app(app, terminations="RANK" not in os.environ)
         finally:
             stop_rank_server()
     except KeyboardInterrupt:
         # A second Ctrl-C while the first was being handled (the best schedule being
         # written, "interrupted" printed): the same exit status, not death by SIGINT.
-        return INTERRUPTED
+        status = INTERRUPTED
     finally:
-        # The work is done and its status decided: Python's shutdown puts SIGINT back to
-        # its default and then unloads OR-Tools, pandas and numpy (about 0.1 s), where a
-        # Ctrl-C killed the process by SIGINT instead of leaving the status. Ignored
-        # signals stay ignored through the shutdown.
+        _end_with_status(status)
+    return status
+
+
+def _end_with_status(status: int) -> None:
+    """The work is done and `status` decided: a signal from now on ends the process with it.
+
+    Python's shutdown first waits for threads still running (a user model's), where a
+    signal must still end it, then puts the Python handlers back to the default and
+    unloads OR-Tools, pandas and numpy (about 0.1 s), where a Ctrl-C killed the process by
+    SIGINT (-2 to a parent). So: handlers that exit with the status until the threads are
+    joined, then ignored signals (which stay ignored) from an exit hook, which runs after
+    them."""
+
+    def end(signum: int, frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        os._exit(status)
+
+    def ignore() -> None:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, end)
+    atexit.register(ignore)

@@ -60,6 +60,7 @@ def test_a_start_counts_by_its_order_timed_on_the_problem_and_the_limit():
         (SolveOptions(time_limit=math.nan), "time_limit"),
         (SolveOptions(time_limit=math.inf), "time_limit"),
         (SolveOptions(time_limit=1e12), "time_limit"),
+        (SolveOptions(time_limit=10**400), "time_limit"),  # beyond any float
         (SolveOptions(time_limit=-1), "time_limit"),
         (SolveOptions(seed=2**40), "seed"),
         (SolveOptions(seed=1.5), "seed"),
@@ -88,7 +89,7 @@ def test_a_problem_that_is_not_one_is_named():
         solve({"num_devices": 4}, "auto", SolveOptions(time_limit=1))
 
 
-@pytest.mark.parametrize("limits", [[math.inf], [math.nan], [-1.0], ["4"], [True], [[1.0, math.nan]], 5])
+@pytest.mark.parametrize("limits", [[math.inf], [math.nan], [-1.0], ["4"], [True], [[1.0, math.nan]], 5, [10**400], [[10**400, 1.0]]])
 def test_pareto_limits_given_in_python_are_checked(limits):
     with pytest.raises(InputError, match=r"^limits"):
         pareto(PROBLEM, limits, SolveOptions(time_limit=1))

@@ -260,6 +260,7 @@ def test_named_splits_left_unscored_for_time_get_the_solver_with_the_time_left(m
     assert len(named) >= 3 and named[0].name == "even"
     for trial in named:
         assert trial.schedule is not None and trial.solver_seconds is not None, trial.name
+        assert trial.reason is None, (trial.name, trial.reason)  # no "not found in time" beside a schedule
         assert result.chosen.value("makespan") <= trial.value("makespan") * (1 + 1e-9), trial.name
 
 

@@ -83,7 +83,7 @@ def solve(
     options = checked_options(options if options is not None else SolveOptions())
     if method not in METHODS:
         raise InputError(f"method: '{method}' is not one of {', '.join(METHODS)}")
-    given_starts = _starts_of(problem, starts) if retime_starts else list(starts)
+    given_starts = _starts_of(problem, starts, retime_starts)
     refusal = whole_model_refusal(problem, method)
     if refusal is not None:
         raise InputError(refusal)
@@ -132,7 +132,7 @@ def solve(
     return schedule
 
 
-def _starts_of(problem: Problem, starts: Sequence[tuple[str, Schedule]]) -> list[tuple[str, Schedule]]:
+def _starts_of(problem: Problem, starts: Sequence[tuple[str, Schedule]], retime: bool = True) -> list[tuple[str, Schedule]]:
     """Each start's order timed on `problem` (only the order counts, as for `--start`), or
     InputError naming the start when it is not an order of the problem's ops that can run:
     a schedule of another problem, an op missing, an order that deadlocks."""
@@ -145,6 +145,9 @@ def _starts_of(problem: Problem, starts: Sequence[tuple[str, Schedule]]) -> list
         if not (pair and isinstance(entry[0], str) and isinstance(entry[1], Schedule)):
             raise InputError(f"starts: each start is a (name, Schedule) pair, got {type(entry).__name__}")
         name, given = entry
+        if not retime:  # schedules of this very problem, timed by pipesched
+            timed.append((name, given))
+            continue
         order = given.order()
         malformed = order_violations(problem, order)  # an op missing would time as a shorter schedule
         if malformed:

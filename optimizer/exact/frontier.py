@@ -111,7 +111,10 @@ def _checked_limits(limits: object, num_devices: int) -> list:
     def number(value: object) -> bool:
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
             return False
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float
+            return False
         return math.isfinite(number) and 0 < number <= MAX_VALUE
 
     try:

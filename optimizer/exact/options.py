@@ -51,8 +51,12 @@ def checked_options(options: SolveOptions) -> SolveOptions:
     if not isinstance(options, SolveOptions):
         raise InputError(f"options: expected SolveOptions, got {type(options).__name__}")
     limit = options.time_limit
-    if isinstance(limit, bool) or not isinstance(limit, numbers.Real) or not math.isfinite(limit) or not 0 < limit <= MAX_TIME_LIMIT:
-        raise InputError(f"time_limit: must be a number of seconds above 0 and at most {MAX_TIME_LIMIT:g}, got {limit!r}")
+    try:
+        finite = isinstance(limit, numbers.Real) and not isinstance(limit, bool) and math.isfinite(limit)
+    except OverflowError:  # an integer beyond any float
+        finite = False
+    if not finite or not 0 < limit <= MAX_TIME_LIMIT:
+        raise InputError(f"time_limit: must be a number of seconds above 0 and at most {MAX_TIME_LIMIT:g}, got {repr(limit)[:40]}")
     if options.objective not in OBJECTIVES:
         raise InputError(f"objective: '{options.objective}' is not one of {', '.join(OBJECTIVES)}")
     integers: dict[str, int] = {}

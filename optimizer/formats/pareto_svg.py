@@ -80,7 +80,8 @@ def pareto_figure(curve: ParetoCurve):
             axis.annotate(g.name, (g.peak_memory, getattr(g, metric)), textcoords="offset points", xytext=(4, 4), fontsize=8)
         # Only proven infeasibility is shaded: a limit where nothing was found in time
         # ("unknown") may still have a schedule.
-        infeasible = [_x(p.limit) for p in curve.points if not p.feasible and p.status == "infeasible"]
+        # (a per-device limit has no one place on the axis where nothing fits: not shaded)
+        infeasible = [p.limit for p in curve.points if not p.feasible and p.status == "infeasible" and not isinstance(p.limit, list)]
         if infeasible:
             first_fit = min((_x(p.limit) for p in solved if _x(p.limit) > max(infeasible)), default=max(infeasible))
             axis.axvspan(min(infeasible), first_fit, color="tab:red", alpha=0.08, label="no schedule fits")
