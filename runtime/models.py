@@ -388,7 +388,15 @@ def load_model(name: str, num_stages: int, problem: Problem | None = None) -> Pi
 
         synthetic, problem_path = parse_options(name.partition(":")[2])
         if problem_path is not None:
-            problem = load_problem(problem_path)
+            timed_by = load_problem(problem_path)
+            # Its op times are looked up per slice: a schedule of more slices than the
+            # problem has failed inside the ranks (IndexError), after they had started.
+            if problem is not None and timed_by.num_slices != problem.num_slices:
+                raise InputError(
+                    f"model: synthetic:problem={problem_path} has {timed_by.num_slices} token slice(s) per microbatch, "
+                    f"the schedule {problem.num_slices}"
+                )
+            problem = timed_by
         if problem is None:
             raise InputError("model: synthetic needs a problem: run takes the schedule's, profile needs synthetic:problem=PATH")
         return build_synthetic(synthetic, problem, num_stages)

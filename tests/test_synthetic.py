@@ -161,6 +161,13 @@ def test_synthetic_needs_a_problem_and_checks_its_options(tmp_path):
         load_model("synthetic", 4, problem())
     with pytest.raises(InputError, match="no such file"):
         load_model(f"synthetic:problem={tmp_path / 'none.json'}", 2)
+    # A schedule of 2 token slices with a problem of whole microbatches: refused before any
+    # rank starts (its ranks failed with an IndexError looking up slice 1's times).
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(problem().model_dump(mode="json")))
+    sliced = validate_model(Problem, {**problem().model_dump(mode="json"), "num_slices": 2}, "problem")
+    with pytest.raises(InputError, match="has 1 token slice\\(s\\) per microbatch, the schedule 2"):
+        load_model(f"synthetic:problem={whole}", 2, sliced)
 
 
 def test_the_weight_gradient_is_real():
