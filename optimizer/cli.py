@@ -635,7 +635,9 @@ def _optimize(
     options = SolveOptions(time_limit=time_limit, objective=objective, seed=seed, threads=threads, solver=solver)
     with _ProgressLine(quiet) as progress:
         try:
-            schedule = exact_solve(problem, method, options, on_progress=progress.update, starts=[(s.name, s.schedule) for s in starts])
+            # The starts were timed and checked on this very problem as they were loaded.
+            given = [(s.name, s.schedule) for s in starts]
+            schedule = exact_solve(problem, method, options, on_progress=progress.update, starts=given, retime_starts=False)
         except KeyboardInterrupt:
             print("interrupted before any schedule was found", file=sys.stderr)
             raise typer.Exit(INTERRUPTED) from None

@@ -285,10 +285,12 @@ def least_memory_split(weights: Sequence[float], device_of: Sequence[int]) -> Sp
         every = ((0, *inner, n) for inner in itertools.combinations(range(1, n), num_stages - 1))
         return as_split(min(every, key=score))
     best: tuple[tuple[float, float], list[int]] | None = None
-    starts = [first_try, tuple(spread_evenly(n, num_stages)), bottleneck_split([1.0] * n, num_stages)]
     # A move costs a pass over the stages: on the largest shapes (1024 layers, 256 stages, 1 s
     # for three starts) only the first start is improved.
-    for start in starts[: 1 if n * num_stages > LEAST_MEMORY_EXHAUSTIVE * 4 else 3]:
+    starts = [first_try]
+    if n * num_stages <= LEAST_MEMORY_EXHAUSTIVE * 4:
+        starts += [tuple(spread_evenly(n, num_stages)), bottleneck_split([1.0] * n, num_stages)]
+    for start in starts:
         cuts = as_cuts(start)
         current = score(cuts)
         for _ in range(2 * num_stages):  # each pass lowers the score strictly; the cap bounds the time

@@ -193,10 +193,14 @@ def _completeness(counts: Counter[Op], num_stages: int, m: int, num_slices: int)
     return problems
 
 
-def checked_schedule(problem: Problem, orders: Sequence[Sequence[Op]], source: str, method: str, *, memory: bool = True) -> Schedule:
+def checked_schedule(
+    problem: Problem, orders: Sequence[Sequence[Op]], source: str, method: str, *, memory: bool = True, rules: bool = True
+) -> Schedule:
     """Per-device orders timed on `problem` and checked against every rule (with `memory`,
     the memory limit too): ScheduleError naming `source` when they are not an order of
-    the problem's ops or break a rule, DeadlockError naming it when they cannot finish."""
+    the problem's ops or break a rule, DeadlockError naming it when they cannot finish.
+    Without `rules` the timed schedule is not validated again: times as soon as possible
+    keep every rule by construction, and only the memory limit is left to check."""
     from optimizer.simulate import simulate
 
     malformed = order_violations(problem, orders)
@@ -206,6 +210,8 @@ def checked_schedule(problem: Problem, orders: Sequence[Sequence[Op]], source: s
         schedule = simulate(problem, orders, method=method)
     except DeadlockError as error:
         raise DeadlockError(f"{source}: {error}", error.blocked) from None
+    if not rules:
+        return schedule
     checked = problem if memory else problem.model_copy(update={"memory_limit": None})
     violations = validate(checked, schedule.devices)
     if violations:

@@ -132,9 +132,9 @@ class _InputPath(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        start, held = time.perf_counter(), ctx.held
-        fused_from = held.weight_pass[1] if held.weight_pass is not None and held.weight_pass[0] == _current_pass() else None
-        held.input_pass = (_current_pass(), start)
+        start, held, now = time.perf_counter(), ctx.held, _current_pass()
+        fused_from = held.weight_pass[1] if held.weight_pass is not None and held.weight_pass[0] == now else None
+        held.input_pass = (now, start)
         held.at_b(ctx.b_extra)
         sleep_until(start + ctx.b_seconds if fused_from is None else fused_from + held.bw_seconds)
         return grad, None, None, None
@@ -154,14 +154,14 @@ class _WeightPath(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        start, held = time.perf_counter(), ctx.held
-        if held.input_pass is not None and held.input_pass[0] == _current_pass():
+        start, held, now = time.perf_counter(), ctx.held, _current_pass()
+        if held.input_pass is not None and held.input_pass[0] == now:
             deadline = held.input_pass[1] + held.bw_seconds  # fused, the input path first
         elif held.input_pass is None and ctx.has_input_path:
             deadline = start  # fused, the input path next: it sleeps BW's time
         else:
             deadline = start + ctx.w_seconds
-        held.weight_pass = (_current_pass(), start)
+        held.weight_pass = (now, start)
         held.at_w()
         sleep_until(deadline)
         return grad, None, None, None

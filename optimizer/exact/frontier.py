@@ -10,7 +10,6 @@ solved so far are returned, the interrupted one with its best schedule so far.
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pydantic import ValidationError
 from optimizer.errors import InfeasibleError, InputError, PipeschedError
 from optimizer.exact.api import solve
 from optimizer.exact.incumbents import generator_candidates
-from optimizer.exact.options import Progress, SolveOptions, checked_options
+from optimizer.exact.options import Progress, SolveOptions, checked_options, positive_real
 from optimizer.exact.portfolio import GENERATOR_SHARE
 from optimizer.io import describe_validation_error
 from optimizer.problem import MAX_VALUE, Problem, require_problem
@@ -108,15 +107,6 @@ def _checked_limits(limits: object, num_devices: int) -> list:
     of them, at most MAX_LIMITS (InputError naming the first that is not): a NaN or infinite
     limit would otherwise be a point marked infeasible, or no limit at all."""
 
-    def number(value: object) -> bool:
-        if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            return False
-        try:
-            number = float(value)
-        except OverflowError:  # an integer beyond any float
-            return False
-        return math.isfinite(number) and 0 < number <= MAX_VALUE
-
     try:
         values = list(limits)  # type: ignore[call-overload]
     except TypeError:
@@ -125,10 +115,13 @@ def _checked_limits(limits: object, num_devices: int) -> list:
         raise InputError(f"limits: {len(values)} limits is more than the {MAX_LIMITS} pareto takes")
     checked: list = []
     for k, value in enumerate(values):
-        if number(value):
-            checked.append(float(value))
-        elif isinstance(value, (list, tuple)) and len(value) == num_devices and all(number(v) for v in value):
-            checked.append([float(v) for v in value])
+        one = positive_real(value, MAX_VALUE)
+        listed = isinstance(value, (list, tuple)) and len(value) == num_devices
+        each = [positive_real(v, MAX_VALUE) for v in value] if listed else [None]
+        if one is not None:
+            checked.append(one)
+        elif all(v is not None for v in each):
+            checked.append(each)
         else:
             raise InputError(
                 f"limits.{k}: {value!r} is not a memory limit (a number above 0 and at most {MAX_VALUE:g}, "

@@ -44,19 +44,28 @@ class SolveOptions:
     symmetry_breaking: bool = True
 
 
+def positive_real(value: object, high: float) -> float | None:
+    """`value` as a float when it is a real number (numpy's too; not a bool) above 0 and at
+    most `high`, else None (an integer beyond any float included)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and 0 < number <= high else None
+
+
 def checked_options(options: SolveOptions) -> SolveOptions:
     """`options` with each field checked (InputError naming it) and its integers made
     Python ints (a numpy integer is one): the solvers deep inside would otherwise fail on
     them late, or a NaN time limit never end."""
     if not isinstance(options, SolveOptions):
         raise InputError(f"options: expected SolveOptions, got {type(options).__name__}")
-    limit = options.time_limit
-    try:
-        finite = isinstance(limit, numbers.Real) and not isinstance(limit, bool) and math.isfinite(limit)
-    except OverflowError:  # an integer beyond any float
-        finite = False
-    if not finite or not 0 < limit <= MAX_TIME_LIMIT:
-        raise InputError(f"time_limit: must be a number of seconds above 0 and at most {MAX_TIME_LIMIT:g}, got {repr(limit)[:40]}")
+    limit = positive_real(options.time_limit, MAX_TIME_LIMIT)
+    if limit is None:
+        shown = repr(options.time_limit)[:40]
+        raise InputError(f"time_limit: must be a number of seconds above 0 and at most {MAX_TIME_LIMIT:g}, got {shown}")
     if options.objective not in OBJECTIVES:
         raise InputError(f"objective: '{options.objective}' is not one of {', '.join(OBJECTIVES)}")
     integers: dict[str, int] = {}
@@ -73,7 +82,7 @@ def checked_options(options: SolveOptions) -> SolveOptions:
         raise InputError(f"solver: must be a MILP back end's name, got {options.solver!r}")
     if not isinstance(options.symmetry_breaking, bool):
         raise InputError(f"symmetry_breaking: must be True or False, got {options.symmetry_breaking!r}")
-    return dataclasses.replace(options, time_limit=float(limit), seed=integers["seed"], threads=integers["threads"])
+    return dataclasses.replace(options, time_limit=limit, seed=integers["seed"], threads=integers["threads"])
 
 
 @dataclass(frozen=True)
