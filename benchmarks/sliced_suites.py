@@ -2,7 +2,7 @@
 
 slices: p in {4, 8}, one, two or four sequences per iteration (microbatches), each cut
 into K in {1, 2, 4, 8} token slices of a long sequence with attention-dominated costs
-(65536 tokens, hidden size 2048: a token's attention work 4h*t reaches 2.7 times its
+(65536 tokens, hidden size 2048: a token's attention work 4h*t reaches 5.3 times its
 linear 24h^2 at the end; slice lengths from TeraPipe's dynamic program, so slices cost
 about the same). Zero Bubble's stage shape (F = 1, B = 1, W = 0.6 for a whole sequence,
 comm 0.03; memory F +1, B -0.63, W -0.37) and a memory limit of p sequences' activations
