@@ -183,7 +183,9 @@ class _SplitSearch:
                 continue
             finally:
                 trial.solver_seconds = share
-            if objective_value(solved, objective) < trial.value(objective):
+            # On a tie the solver's schedule is taken: it carries the lower bound and status
+            # (a family's schedule that the solver only matched has none).
+            if objective_value(solved, objective) <= trial.value(objective):
                 trial.schedule, trial.reason = solved, None
 
     def rescue(self) -> list[SplitTrial]:

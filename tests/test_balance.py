@@ -512,3 +512,26 @@ def test_a_layers_solve_prints_the_longest_span_with_json(tmp_path):
     metrics = json.loads(result.stdout)["metrics"]
     devices = load_schedule(schedule_file).devices
     assert metrics["longest_span"] == pytest.approx(max(ops[-1].end - ops[0].start for ops in devices))
+
+
+def test_a_split_whose_family_the_solver_only_matches_keeps_the_solvers_bound_and_status():
+    # Two devices, two microbatches: a family's schedule is optimal, the solver returns one
+    # as long with its proof; the split kept the family's (no bound, no status).
+    def layer(name: str, kind: str, time: float) -> dict:
+        memory = {"forward": 1.0, "backward_input": -0.5, "backward_weight": -0.5}
+        return {"name": name, "kind": kind, "forward": time, "backward_input": time, "backward_weight": time, "memory": memory}
+
+    blocks = [layer(f"block{i}", "block", 1.0) for i in range(4)]
+    profile = layers_from_json(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "layers": [layer("embedding", "embedding", 0.5), *blocks, layer("head", "head", 2.0)],
+            "comm_time": 0.2,
+        }
+    )
+    result = choose_split(profile, Placement.named("linear", 2), 2, None, SolveOptions(time_limit=4), _auto)
+    assert result.chosen.schedule is not None
+    metrics = result.chosen.schedule.metrics
+    assert metrics.lower_bound is not None and metrics.status in ("optimal", "feasible")
+    assert metrics.lower_bound <= metrics.makespan * (1 + 1e-9)

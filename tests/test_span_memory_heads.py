@@ -4,6 +4,7 @@ its next chunk (optimizer.exact.reservation). Never above an optimum or a valid 
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from exact_brute_force import brute_force_optimum, count_orders
@@ -11,6 +12,7 @@ from factories import other_schedules, problem_cases, random_problem
 from hypothesis import given, settings
 
 from benchmarks.published import published_problem, setting_named
+from optimizer.exact import bounds
 from optimizer.exact.bounds import device_tails, heads, jackson_preemptive, lower_bound
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.listsched import list_schedule, policies
@@ -137,3 +139,42 @@ def test_raises_the_memory_tight_v_bounds(name, limit, old, raised, best_known):
     assert bound.value > raised > old
     assert "within device 0's span" in bound.reason
     assert bound.value < best_known
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counting_fewer_started_forwards_only_lowers_the_heads_and_stays_below_schedules(seed, monkeypatch):
+    # Where a device holds many stages the memory argument counts at most MEMORY_PAIRS
+    # (stage, microbatch) pairs and MEMORY_LAG_STAGES lags per forward (a pass counting
+    # every one took a minute at 512 stages a device). Leaving pairs out must only weaken
+    # it: with tiny caps every head is at most the uncapped one, and the bounds stay below
+    # every valid schedule.
+    rng = random.Random(seed)
+    placement = rng.choice(("interleaved:3", "interleaved:4", "vshape"))
+    problem = random_problem(rng, 2, 6, placement, limit=rng.choice((1.5, 2.0, 3.0)), forward_memory=(1.0, 0.5, 2.0))
+    full = heads(problem, memory_aware=True)
+    monkeypatch.setattr(bounds, "MEMORY_PAIRS", 2)
+    monkeypatch.setattr(bounds, "MEMORY_LAG_STAGES", 1)
+    capped = heads(problem, memory_aware=True)
+    for kind in "FBW":
+        for s in range(problem.num_stages):
+            for i in range(problem.num_microbatches):
+                assert capped[kind][s][i] <= full[kind][s][i] * (1 + TOLERANCE) + TOLERANCE, (kind, s, i)
+    schedules = other_schedules(problem, rng, count=3) + list_schedules(problem)
+    assert schedules
+    assert lower_bound(problem, "span").value <= min(objective_value(s, "span") for s in schedules) * (1 + TOLERANCE)
+    assert lower_bound(problem, "makespan").value <= min(objective_value(s, "makespan") for s in schedules) * (1 + TOLERANCE)
+
+
+def test_a_heads_pass_past_its_deadline_is_left_out_and_the_bound_stays_valid(monkeypatch):
+    # A part whose time estimate said it would end in time (here: always) still stops at its
+    # deadline, once a microbatch: the bound keeps what ended in time.
+    problem = published_problem(setting_named("1.5B-p8-m24"), 4.0, "vshape")
+    with pytest.raises(bounds._OutOfTime):
+        heads(problem, memory_aware=True, deadline=time.monotonic() - 1.0)
+    monkeypatch.setattr(bounds, "_in_time", lambda problem, deadline: True)
+    past = time.monotonic() - 1.0
+    cut = bounds.makespan_lower_bound(problem, deadline=past)
+    whole = bounds.makespan_lower_bound(problem)
+    assert cut.reason == "busiest device's work"
+    assert cut.value < whole.value
+    assert bounds.span_lower_bound(problem, deadline=past).reason.startswith("busy time of device")

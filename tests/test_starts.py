@@ -190,3 +190,46 @@ def test_compare_adds_a_row_for_each_given_schedule(tmp_path):
     save_schedule(generate(uniform_problem(3, 4, memory_limit=3.0), "1f1b"), tmp_path / "other.json")
     result = runner.invoke(app, ["compare", str(problem_path), "--schedule", str(tmp_path / "other.json")])
     assert result.exit_code == 2 and result.stderr.startswith(f"error: --schedule: {tmp_path / 'other.json'}")
+
+
+def test_cli_reads_starts_within_the_time_limit_and_names_the_ones_left_unread(tmp_path, monkeypatch):
+    # Reading a start at the size limit takes about a second: eight of them kept a 1 s
+    # solve 9 s long. Reading counts against the limit; once it is spent the others are
+    # named and not read, and the solver gets what is left.
+    import time
+
+    from optimizer import cli as cli_module
+    from optimizer import starts as starts_module
+
+    problem = uniform_problem(3, 6, 1.0, 1.0, 0.6, comm_time=0.03)
+    problem_path = _files(tmp_path, problem)
+    for name in ("a", "b", "c"):
+        save_schedule(generate(problem, "1f1b"), tmp_path / f"{name}.json")
+    reading = starts_module.load_start
+
+    def slow_load(path, problem):
+        time.sleep(0.3)
+        return reading(path, problem)
+
+    given_limits: list[float] = []
+    optimize = cli_module._optimize
+
+    def recording_optimize(problem, method, time_limit, *rest):
+        given_limits.append(time_limit)
+        return optimize(problem, method, time_limit, *rest)
+
+    monkeypatch.setattr(starts_module, "load_start", slow_load)
+    monkeypatch.setattr(cli_module, "_optimize", recording_optimize)
+    out = tmp_path / "out.json"
+    args = ["solve", str(problem_path), "-o", str(out), "--time-limit", "0.5", "-q"]
+    result = runner.invoke(app, [*args, *(f"--start={tmp_path / n}.json" for n in "abc")])
+    assert result.exit_code == 0, result.output
+    # 0.3 s per start: two are read (the limit is not spent after the first), the third is not.
+    assert f"--start {tmp_path / 'c.json'}: not read" in result.stderr
+    assert str(tmp_path / "b.json") not in result.stderr
+    assert [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("against")] == [
+        f"against --start {tmp_path / 'a.json'}",
+        f"against --start {tmp_path / 'b.json'}",
+    ]
+    assert given_limits == [0.01]  # 0.6 s of reading left nothing of the 0.5 s but the least limit
+    assert validate(problem, load_schedule(out).devices) == []

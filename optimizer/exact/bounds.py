@@ -67,6 +67,17 @@ DEVICE_ORDER_WINDOW = 1
 # with 1024 chunks on one device, every op sorted all 2048 of its device's recent ops: 18 s
 # for m = 16). The V placement's 2 stages per device have at most 8 such ops.
 DEVICE_ORDER_MAX_OPS = 64
+# The memory argument of `heads` counts, for a forward, at most this many (stage,
+# microbatch) pairs of its device's started forwards (the latest microbatches of the stages
+# nearest it), and the lags of at most MEMORY_LAG_STAGES higher stages (the highest). Leaving
+# a pair out, its allocation and its frees both, only weakens the argument: the memory the
+# pair holds is never negative. It keeps the cost per forward flat where a device holds
+# many stages: interleaved with 512 stages a device and m = 16, the pass counted every
+# pair and lag (8,000 and 511 a forward) and took about a minute, where the part's time
+# estimate (PART_SECONDS_PER_CELL) said 0.5 s. The V placement up to m = 256 (at most
+# 512 pairs, one lag) and interleaved up to 8 stages a device at m = 64 keep every one.
+MEMORY_PAIRS = 512
+MEMORY_LAG_STAGES = 8
 
 
 @dataclass(frozen=True)
@@ -95,8 +106,14 @@ def _links(problem: Problem) -> list[float]:
     return [problem.comm_time if s + 1 < S and device[s] != device[s + 1] else 0.0 for s in range(S)]
 
 
-def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, list[list[float]]]:
-    """Earliest start of every op, optionally raised by the memory argument.
+class _OutOfTime(Exception):
+    """A pass of `heads` reached its deadline: its part of a bound is left out."""
+
+
+def heads(problem: Problem, memory_aware: bool, origin: int = 0, deadline: float | None = None) -> dict[str, list[list[float]]]:
+    """Earliest start of every op, optionally raised by the memory argument. With a
+    `deadline` (time.monotonic()) the pass raises _OutOfTime once it is past it (checked
+    once a microbatch), so that a part whose time estimate was short keeps its deadline.
 
     With `origin` > 0 the heads are measured from the start of stage `origin`'s first
     forward instead of from time 0: the forwards of the stages before it (and their
@@ -129,9 +146,13 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
     use_memory = memory_aware and frees_nonpositive and not all(math.isinf(v) for v in t.limit)
     # For a forward of stage s on device d, the "low" stages are those of d up to s: all
     # their forwards of microbatches <= i have started, and only their frees count.
-    low_stages = [[s2 for s2 in range(s + 1) if t.device[s2] == t.device[s]] for s in range(S)]
+    # At most MEMORY_PAIRS of them, the nearest, each over a window of its latest microbatches.
+    low_stages = [[s2 for s2 in range(s + 1) if t.device[s2] == t.device[s]][-MEMORY_PAIRS:] for s in range(S)]
+    window = [max(1, MEMORY_PAIRS // len(low)) for low in low_stages]
+    low_index = [np.array(low, dtype=np.intp) for low in low_stages]
     # And d's higher stages' forwards up to microbatch i - K (optimizer.exact.reservation).
-    lag = lags(problem) if use_memory else [[] for _ in range(S)]
+    lag = [pairs[-MEMORY_LAG_STAGES:] for pairs in lags(problem)] if use_memory else [[] for _ in range(S)]
+    frees = _Frees.of(t) if use_memory else None
 
     # Earliest end of every B and W, kept as arrays for the memory argument's sorting.
     free_end = {kind: np.zeros((S, m)) for kind in ("B", "W")}
@@ -140,6 +161,8 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
     recent: list[list[tuple[int, int, float, float]]] = [[] for _ in range(problem.num_devices)]
 
     for i in range(m):
+        if deadline is not None and time.monotonic() > deadline:
+            raise _OutOfTime
         for d, entries in enumerate(recent):
             recent[d] = [e for e in entries if e[1] >= i - DEVICE_ORDER_WINDOW]
         for s in range(S):
@@ -149,12 +172,14 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0) -> dict[str, li
             if i > 0:
                 h = max(h, F[s][i - 1] + dur["F"][s])
             if use_memory and i > 0:
-                started = [(s2, i + 1) for s2 in low_stages[s]]
+                assert frees is not None
+                first = max(0, i + 1 - window[s])
+                higher_started = []
                 for higher, k in lag[s]:
                     if i >= k:
                         h = max(h, F[higher][i - k] + dur["F"][higher])
-                        started.append((higher, i - k + 1))
-                h = max(h, _memory_release(t, started, i, free_end))
+                        higher_started.append((higher, max(0, i - k + 1 - window[s]), i - k + 1))
+                h = max(h, frees.release(low_index[s], first, higher_started, i, free_end))
             h = max(h, _device_order_release(recent[device[s]], s))
             F[s][i] = h
             recent[device[s]].append((s, i, h, dur["F"][s]))
@@ -200,34 +225,61 @@ def _device_order_release(entries: list[tuple[int, int, float, float]], position
     return best
 
 
-def _memory_release(t, started: list[tuple[int, int]], i: int, free_end: dict[str, np.ndarray]) -> float:
-    """Earliest time a forward of microbatch i can fit in memory, given `started`: (stage,
-    number of microbatches whose forward of it has started), all on the forward's device.
+@dataclass(frozen=True)
+class _Frees:
+    """Per stage, what its forward allocates and its B and W free (as positive amounts)."""
 
-    Those forwards hold their allocation until their stage's B and W free it (every other
-    piece held is non-negative), so the frees of those microbatches (`free_end`: their
-    earliest ends; microbatch i has freed nothing yet) must cover what exceeds the limit.
-    """
-    limit = tolerant(t.limit[t.device[started[0][0]]])
-    allocated = sum(count * t.mem_forward[s] for s, count in started)
-    needed = allocated - limit
-    if needed <= 1e-12 * max(1.0, limit):
-        return 0.0
-    ends, amounts = [], []
-    for s, count in started:
-        n = min(count, i)
-        for kind, delta in (("B", t.mem_backward_input[s]), ("W", t.mem_backward_weight[s])):
-            if delta < 0 and n > 0:
-                ends.append(free_end[kind][s, :n])
-                amounts.append(np.full(n, -delta))
-    if not ends:
-        return 0.0
-    end = np.concatenate(ends)
-    amount = np.concatenate(amounts)
-    order = np.argsort(end, kind="stable")
-    freed = np.cumsum(amount[order])
-    k = int(np.searchsorted(freed, needed - 1e-9 * max(1.0, needed)))
-    return float(end[order][min(k, len(end) - 1)])
+    forward: np.ndarray
+    by_b: np.ndarray
+    by_w: np.ndarray
+    limit: tuple[float, ...]
+    device: tuple[int, ...]
+
+    @staticmethod
+    def of(t) -> _Frees:
+        return _Frees(
+            np.array(t.mem_forward, dtype=float),
+            np.maximum(-np.array(t.mem_backward_input, dtype=float), 0.0),
+            np.maximum(-np.array(t.mem_backward_weight, dtype=float), 0.0),
+            tuple(t.limit),
+            tuple(t.device),
+        )
+
+    def release(self, low: np.ndarray, first: int, higher: list[tuple[int, int, int]], i: int, free_end: dict[str, np.ndarray]) -> float:
+        """Earliest time a forward of microbatch i can fit in memory, given the forwards of
+        microbatches first..i of the stages `low` and, per (stage, first, end) of `higher`,
+        of microbatches first..end-1 of that stage: all started, all on the forward's device.
+
+        Those forwards hold their allocation until their stage's B and W free it (every other
+        piece held is non-negative), so the frees of those microbatches (`free_end`: their
+        earliest ends; microbatch i has freed nothing yet) must cover what exceeds the limit.
+        """
+        limit = tolerant(self.limit[self.device[int(low[0])]])
+        allocated = (i + 1 - first) * float(self.forward[low].sum()) + sum((end - start) * self.forward[s] for s, start, end in higher)
+        needed = allocated - limit
+        if needed <= 1e-12 * max(1.0, limit):
+            return 0.0
+        # Stages counted over the same microbatches are gathered at once (the lags of a
+        # device's higher stages mostly share theirs).
+        spans: dict[tuple[int, int], list[int]] = {}
+        for s, start, end in higher:
+            if min(end, i) > start:
+                spans.setdefault((start, min(end, i)), []).append(s)
+        groups = [(low, first, i)] if i > first else []
+        groups += [(np.array(stages, dtype=np.intp), start, stop) for (start, stop), stages in spans.items()]
+        ends, amounts = [], []
+        for stages, start, stop in groups:
+            for kind, by in (("B", self.by_b), ("W", self.by_w)):
+                ends.append(free_end[kind][stages, start:stop].ravel())
+                amounts.append(np.repeat(by[stages], stop - start))
+        if not ends:
+            return 0.0
+        end_times = np.concatenate(ends)
+        amount = np.concatenate(amounts)
+        order = np.argsort(end_times, kind="stable")
+        freed = np.cumsum(amount[order])
+        k = int(np.searchsorted(freed, needed - 1e-9 * max(1.0, needed)))
+        return float(end_times[order][min(k, len(end_times) - 1)])
 
 
 def tails(problem: Problem) -> dict[str, list[list[float]]]:
@@ -309,22 +361,25 @@ def makespan_lower_bound(problem: Problem, deadline: float | None = None) -> Low
     best = LowerBound(max(work), "busiest device's work")
     if not _in_time(problem, deadline):
         return best
-    tail = tails(problem)
-    plain = _device_jobs(problem, heads(problem, memory_aware=False), tail)
-    value = max(jackson_preemptive(jobs) for jobs in plain)
-    if value > best.value * (1 + 1e-12):
-        best = LowerBound(value, "warm-up, work and cool-down (heads and tails)")
-    if problem.memory_limit is not None and _in_time(problem, deadline):
-        aware = _device_jobs(problem, heads(problem, memory_aware=True), tail)
-        value = max(jackson_preemptive(jobs) for jobs in aware)
+    try:
+        tail = tails(problem)
+        plain_heads = heads(problem, memory_aware=False, deadline=deadline)
+        value = max(jackson_preemptive(jobs) for jobs in _device_jobs(problem, plain_heads, tail))
         if value > best.value * (1 + 1e-12):
-            best = LowerBound(value, "memory limit delays forwards (memory-aware heads and tails)")
-        # The makespan holds each device's span after the device's earliest first start.
-        first = heads(problem, memory_aware=False)["F"]
-        for device, _, _, split in _device_span_bounds(problem, work, deadline):
-            value = first[min(problem.stages_on(device))][0] + split
+            best = LowerBound(value, "warm-up, work and cool-down (heads and tails)")
+        if problem.memory_limit is not None and _in_time(problem, deadline):
+            aware = _device_jobs(problem, heads(problem, memory_aware=True, deadline=deadline), tail)
+            value = max(jackson_preemptive(jobs) for jobs in aware)
             if value > best.value * (1 + 1e-12):
-                best = LowerBound(value, f"device {device}'s earliest start, busy time, warm-up and drain")
+                best = LowerBound(value, "memory limit delays forwards (memory-aware heads and tails)")
+            # The makespan holds each device's span after the device's earliest first start.
+            first = plain_heads["F"]
+            for device, _, _, split in _device_span_bounds(problem, work, deadline):
+                value = first[min(problem.stages_on(device))][0] + split
+                if value > best.value * (1 + 1e-12):
+                    best = LowerBound(value, f"device {device}'s earliest start, busy time, warm-up and drain")
+    except _OutOfTime:
+        pass  # each part is a bound alone: what the finished ones proved stands
     return best
 
 
@@ -429,7 +484,10 @@ def _device_span_bounds(problem: Problem, busy: list[float], deadline: float | N
         if not _in_time(problem, deadline):
             break
         origin = min(problem.stages_on(device))
-        head = heads(problem, memory_aware, origin=origin)
+        try:
+            head = heads(problem, memory_aware, origin=origin, deadline=deadline)
+        except _OutOfTime:
+            return
         tail = device_tails(problem, device)
         own = jackson_preemptive(_jobs_of(problem, device, head, tail))
         # The other devices seen from the first (most telling) frame only: p times the work.
