@@ -96,6 +96,8 @@ INTERRUPTED = 130
 # The shortest --time-limit taken (as before its check moved here from typer's range); the
 # longest, the seeds and the threads are the solver's own (optimizer/exact/options.py).
 MIN_TIME_LIMIT = 0.01
+# Samples `compare --jitter` draws unless --samples says otherwise.
+DEFAULT_SAMPLES = 100
 # The slice rules keep one cost per token (16.8M tokens: 134 MB, about a second).
 MAX_SEQUENCE_LENGTH = 2**24
 # The formats `show` draws (optimizer/formats/); `export` writes every schedule format.
@@ -803,7 +805,16 @@ def comparison_rows(problem: Problem, extra: dict[str, Schedule] | None = None) 
     from optimizer.schedules import generate_all
 
     schedules, refused = generate_all(problem)
-    rows = [_row(name, schedule) for name, schedule in {**schedules, **(extra or {})}.items()]
+    return _rows({**schedules, **(extra or {})}, refused)
+
+
+def _rows(schedules: dict[str, Schedule], refused: dict[str, str], jitter: dict[str, dict] | None = None) -> list[dict]:
+    """The comparison's rows (see comparison_rows); `jitter`: per schedule, its summary
+    under varied op times (optimizer.jitter)."""
+    rows = [_row(name, schedule) for name, schedule in schedules.items()]
+    if jitter is not None:
+        for row in rows:
+            row["jitter"] = jitter[row["method"]]
     rows.sort(key=lambda row: (not row["fits_memory"], row["makespan"]))
     for name, reason in refused.items():
         rows.append({"method": name, "makespan": None, "bubble_ratio": None, "peak_memory": None, "fits_memory": False, "note": reason})
@@ -820,6 +831,19 @@ def _row(name: str, schedule: Schedule) -> dict:
     }
 
 
+def _jitter_summaries(problem: Problem, schedules: dict[str, Schedule], cv: float, samples: int, seed: int) -> dict[str, dict]:
+    """Each schedule's makespan under op times varied by `cv` (optimizer.jitter), as a dict."""
+    from optimizer.jitter import check_jitter_request, jittered_makespans, summarize
+
+    check_jitter_request(cv, samples, len(schedules), max((s.problem.num_ops for s in schedules.values()), default=0))
+    names = list(schedules)
+    makespans = jittered_makespans(problem, [schedules[name] for name in names], cv, samples, seed)
+    return {
+        name: {"cv": cv, "samples": samples, "seed": seed, **summarize(schedules[name].metrics.makespan, values).as_dict()}
+        for name, values in zip(names, makespans, strict=True)
+    }
+
+
 def print_comparison(rows: list[dict], title: str) -> None:
     # The title on its own line: as the table's title it was wrapped and centred to the
     # table's width, cutting "memory limit 4.0" in two at 80 columns.
@@ -832,19 +856,34 @@ def print_comparison(rows: list[dict], title: str) -> None:
         ("peak memory", "right"),
         ("fits limit", "center"),
     ):
-        table.add_column(column, justify=cast("JustifyMethod", justify))
+        table.add_column(column, justify=cast("JustifyMethod", justify), min_width=len(column) if column == "makespan" else None)
+    jittered = any("jitter" in row for row in rows)
+    if jittered:
+        # Short headers: eight columns fit in 80 (the caption below says what they are).
+        for column in ("mean", "p95", "p95 +"):
+            table.add_column(column, justify="right")
     for row in rows:
         if row["makespan"] is None:
-            table.add_row(row["method"], "-", "-", "-", Text("no", style="red"))
+            table.add_row(row["method"], "-", "-", "-", Text("no", style="red"), *(["-"] * 3 if jittered else []))
             continue
-        table.add_row(
+        cells = [
             row["method"],
             f"{row['makespan']:.6g}",
             f"{row['bubble_ratio']:.2%}",
             f"{row['peak_memory']:.4g}",
             "yes" if row["fits_memory"] else Text("no", style="red"),
-        )
+        ]
+        if jittered:
+            spread = row["jitter"]
+            cells += [f"{spread['mean']:.5g}", f"{spread['p95']:.5g}", f"{spread['p95'] / row['makespan'] - 1:+.1%}"]
+        table.add_row(*cells)
     stdout_console().print(table)
+    if jittered:
+        spread = next(row["jitter"] for row in rows if "jitter" in row)
+        print(
+            f"mean, p95: makespan with every op's time x a random factor (mean 1, coefficient of variation {spread['cv']:g}), "
+            f"{spread['samples']} samples, seed {spread['seed']}; p95 +: p95 over the makespan"
+        )
     for row in rows:
         if row.get("note"):
             print(f"{row['method']}: {row['note']}")
@@ -862,13 +901,29 @@ def compare(
         metavar="SCHEDULE",
         help="Add your schedule (schedule JSON, or torch CSV ending in .csv), its order timed on the problem. Repeatable.",
     ),
+    jitter: float | None = typer.Option(
+        None,
+        "--jitter",
+        metavar="CV",
+        help="Also time each order with every op's duration varied at random (mean 1, this coefficient of variation, "
+        "e.g. 0.1; at most 1): mean and 95th percentile makespan per schedule.",
+    ),
+    samples: int | None = typer.Option(None, "--samples", help="With --jitter: how many samples (default 100, at most 10000)."),
+    seed: int = typer.Option(0, "--seed", help="With --jitter: the random seed (the same seed gives the same figures)."),
 ) -> None:
     """Compare every applicable schedule family: makespan, bubble, peak memory, fits the limit.
 
     With --schedule, your schedules too (e.g. another scheduler's), as `solve --start` reads them.
+    With --jitter, how each order holds up when op times vary (same random op times for every schedule).
     """
     from optimizer.starts import load_start
 
+    finite_option("--jitter", jitter)
+    finite_option("--seed", seed, low=SEED_RANGE[0], high=SEED_RANGE[1])
+    if jitter is None and samples is not None:
+        raise InputError("--samples: only with --jitter")
+    if jitter is None and seed != 0:
+        raise InputError("--seed: only with --jitter")
     loaded = load_problem(problem_file)
     if with_torch:
         from runtime.torch_orders import beyond_torch
@@ -877,7 +932,9 @@ def compare(
         if missing is not None:
             raise InputError(f"--torch: torch.distributed.pipelining's schedules have {missing}")
     given = {str(path): load_start(path, loaded, option="--schedule").schedule for path in schedules}
-    rows = torch_comparison_rows(loaded, given) if with_torch else comparison_rows(loaded, given)
+    built, refused = _compared_schedules(loaded, given, with_torch)
+    spread = None if jitter is None else _jitter_summaries(loaded, built, jitter, DEFAULT_SAMPLES if samples is None else samples, seed)
+    rows = _rows(built, refused, spread)
     if as_json:
         print(json.dumps(rows))
     else:
@@ -927,15 +984,18 @@ def show(
     print(one_line(f"wrote {output}"))
 
 
-def torch_comparison_rows(problem: Problem, extra: dict[str, Schedule] | None = None) -> list[dict]:
-    """`comparison_rows` plus torch's built-in schedules, from torch's own order code."""
-    from runtime.torch_orders import builtin_schedules
+def _compared_schedules(problem: Problem, given: dict[str, Schedule], with_torch: bool) -> tuple[dict[str, Schedule], dict[str, str]]:
+    """Every applicable family's schedule, torch's built-in ones (`with_torch`, from torch's
+    own order code) and the `given` ones, by name; and why any family or built-in has none."""
+    from optimizer.schedules import generate_all
 
-    schedules, refused = builtin_schedules(problem)
-    rows = comparison_rows(problem, {**schedules, **(extra or {})})
-    for name, reason in refused.items():
-        rows.append({"method": name, "makespan": None, "bubble_ratio": None, "peak_memory": None, "fits_memory": False, "note": reason})
-    return rows
+    schedules, refused = generate_all(problem)
+    if with_torch:
+        from runtime.torch_orders import builtin_schedules
+
+        builtins, refused_builtins = builtin_schedules(problem)
+        schedules, refused = {**schedules, **builtins}, {**refused, **refused_builtins}
+    return {**schedules, **given}, refused
 
 
 @app.command()

@@ -14,7 +14,7 @@ times (about 25k ops for p=32, m=256 in well under a second).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from optimizer.errors import DeadlockError, InputError
 from optimizer.ops import KINDS, VOCAB_KINDS, Op, TimedOp, completion_key, dependencies, new_tuple, op_device, op_duration
@@ -45,12 +45,18 @@ def _check_placement(problem: Problem, orders: Sequence[Sequence[Op]]) -> None:
                 raise InputError(f"device {d}: {op} belongs on device {op_device(device_of, op)}")
 
 
-def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]], run_order: list[tuple[int, int]] | None = None) -> list[list[TimedOp]]:
+def simulate_times(
+    problem: Problem,
+    orders: Sequence[Sequence[Op]],
+    run_order: list[tuple[int, int]] | None = None,
+    factors: Mapping[Op, float] | None = None,
+) -> list[list[TimedOp]]:
     """ASAP times for per-device orders; raises DeadlockError when the orders cannot finish.
 
     `run_order`, when given, receives each op's position (device, index) as it is timed:
     a topological order of the ops (each after its dependencies and the op before it on
-    its device), whatever their durations."""
+    its device), whatever their durations. `factors`, when given, multiplies each op's
+    duration (every op of the orders must have one; optimizer.jitter)."""
     _check_placement(problem, orders)
     tables = problem.tables()
     num_stages, num_slices, comm = problem.num_stages, problem.num_slices, problem.comm_time
@@ -101,7 +107,7 @@ def simulate_times(problem: Problem, orders: Sequence[Sequence[Op]], run_order: 
             else:  # every dependency has ended: run the op
                 pending[d] = None
                 kind, stage, microbatch, k = op.kind, op.stage, op.microbatch, op.slice
-                end = start + duration[kind][stage][k]
+                end = start + (duration[kind][stage][k] if factors is None else duration[kind][stage][k] * factors[op])
                 timed[d].append(new_tuple(TimedOp, (kind, stage, microbatch, start, end, k)))
                 free_at[d] = end
                 if run_order is not None:

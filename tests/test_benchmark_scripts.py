@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
         ("builtins.py", ["--time-limits", "abc"], "argument --time-limits: not a number of seconds: 'abc'"),
         ("solver.py", ["--time-limits", "5,-1"], "argument --time-limits: must be a finite number of seconds above 0, got -1"),
         ("below_p.py", ["--time-limits", "nan"], "argument --time-limits: must be a finite number of seconds above 0, got nan"),
+        ("jitter.py", ["--cvs", "0.1,2"], "argument --cvs: a coefficient of variation must be above 0 and at most 1, got 2"),
+        ("jitter.py", ["--cvs", "nan"], "argument --cvs: a coefficient of variation must be above 0 and at most 1, got nan"),
+        ("jitter.py", ["--samples", "0"], "error: --samples: must be between 1 and 10000, got 0"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(tmp_path, script, args, says):
