@@ -28,6 +28,7 @@ from benchmarks.published import published_problem, setting_named
 from benchmarks.saving import cores, save_results, selected
 from benchmarks.script import positive_seconds, run_main
 from optimizer.exact import SolveOptions, solve
+from optimizer.exact.options import SEED_RANGE
 from optimizer.jitter import check_jitter_request, jittered_makespans, summarize
 from optimizer.schedule import Schedule
 from optimizer.schedules import generate, generate_all
@@ -86,13 +87,13 @@ def lead(row: dict, key: str | None) -> float:
     return 1 - a / t
 
 
-def table(results: list[dict], cvs: list[float], samples: int, time_limit: float) -> str:
+def table(results: list[dict], cvs: list[float], samples: int, time_limit: float, seed: int) -> str:
     means = " | ".join(f"mean, cv {cv:g}" for cv in cvs)
     leads = " | ".join(f"lead, cv {cv:g}" for cv in cvs)
     lines = [
         f"Makespan in ms (as soon as possible, as the executor runs an order), nominal and mean over {samples} samples of "
         f"lognormal op-time factors (mean 1, coefficient of variation cv; the same factors for every schedule); `auto` at "
-        f"{time_limit:g} s, makespan objective, seed 0, 2 workers, {cores()} cores, {platform.machine()}. Lead: how much "
+        f"{time_limit:g} s, makespan objective, seed {seed}, 2 workers, {cores()} cores, {platform.machine()}. Lead: how much "
         f"shorter `auto` is than the automatic scheduler (zb-auto / v-auto).",
         "",
         f"| case | schedule | nominal | {means} | nominal lead | {leads} |",
@@ -118,12 +119,20 @@ def cv_list(text: str) -> list[float]:
     return values
 
 
+def seed_value(text: str) -> int:
+    """An argparse type: a seed within the solver's range."""
+    value = int(text)
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=positive_seconds, default=10.0, help="seconds for each auto solve")
     parser.add_argument("--cvs", type=cv_list, default="0.05,0.1,0.2", help="comma-separated coefficients of variation")
     parser.add_argument("--samples", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0)
     parser.add_argument("--only", default="", help="run only cases whose name contains this text (or one of these, comma-separated)")
     parser.add_argument("--output", type=Path, default=RESULTS / "jitter.json")
     args = parser.parse_args(argv)
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         leads = ", ".join(f"cv {cv:g} {lead(r, f'cv{cv:g}'):+.2%}" for cv in args.cvs)
         print(f"{r['case']}: auto's lead over {r['automatic']} nominal {lead(r, None):+.2%}, in the mean {leads}", flush=True)
         payload = {"time_limit": args.time_limit, "cvs": args.cvs, "samples": args.samples, "seed": args.seed, "results": results}
-        save_results(args.output, payload, table(results, args.cvs, args.samples, args.time_limit))
+        save_results(args.output, payload, table(results, args.cvs, args.samples, args.time_limit, args.seed))
     return 0
 
 

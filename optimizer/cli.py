@@ -32,7 +32,16 @@ from optimizer.exact.options import MAX_THREADS, MAX_TIME_LIMIT, OBJECTIVES, SEE
 from optimizer.formats.choose import choose_format, refuse_other_format
 from optimizer.formats.schedule_json import load_schedule, save_schedule
 from optimizer.interrupts import interrupts_deferred, terminations_as_interrupts
-from optimizer.io import check_outputs, one_line, printable, read_input_text, write_json_atomic, write_outputs, writes_stdout
+from optimizer.io import (
+    check_input_file,
+    check_outputs,
+    one_line,
+    printable,
+    read_input_text,
+    write_json_atomic,
+    write_outputs,
+    writes_stdout,
+)
 from optimizer.problem import MAX_VALUE, Problem, load_problem, problem_from_json, tolerant, uniform_problem
 from optimizer.schedule import Schedule, metrics_summary
 
@@ -557,9 +566,15 @@ def solve(
 def _load_starts(paths: list[Path], problem: Problem, time_limit: float) -> list[Start]:
     """The --start schedules timed on `problem`; one over its memory limit is named on
     stderr and left out (it cannot be the result). Once reading them has taken
-    `time_limit`, the rest are named on stderr and not read."""
+    `time_limit`, the rest are named on stderr and not read (each is checked to be a
+    file first, so a missing one is refused whatever the time)."""
     from optimizer.starts import load_start
 
+    for path in paths:
+        try:
+            check_input_file(path)
+        except InputError as error:
+            raise InputError(f"--start: {error}") from None
     starts = []
     began = time.monotonic()
     for n, path in enumerate(paths):
@@ -856,34 +871,43 @@ def print_comparison(rows: list[dict], title: str) -> None:
         ("peak memory", "right"),
         ("fits limit", "center"),
     ):
-        table.add_column(column, justify=cast("JustifyMethod", justify), min_width=len(column) if column == "makespan" else None)
-    jittered = any("jitter" in row for row in rows)
-    if jittered:
-        # Short headers: eight columns fit in 80 (the caption below says what they are).
-        for column in ("mean", "p95", "p95 +"):
-            table.add_column(column, justify="right")
+        table.add_column(column, justify=cast("JustifyMethod", justify))
     for row in rows:
         if row["makespan"] is None:
-            table.add_row(row["method"], "-", "-", "-", Text("no", style="red"), *(["-"] * 3 if jittered else []))
+            table.add_row(row["method"], "-", "-", "-", Text("no", style="red"))
             continue
-        cells = [
+        table.add_row(
             row["method"],
             f"{row['makespan']:.6g}",
             f"{row['bubble_ratio']:.2%}",
             f"{row['peak_memory']:.4g}",
             "yes" if row["fits_memory"] else Text("no", style="red"),
-        ]
-        if jittered:
-            spread = row["jitter"]
-            cells += [f"{spread['mean']:.5g}", f"{spread['p95']:.5g}", f"{spread['p95'] / row['makespan'] - 1:+.1%}"]
-        table.add_row(*cells)
-    stdout_console().print(table)
-    if jittered:
-        spread = next(row["jitter"] for row in rows if "jitter" in row)
-        print(
-            f"mean, p95: makespan with every op's time x a random factor (mean 1, coefficient of variation {spread['cv']:g}), "
-            f"{spread['samples']} samples, seed {spread['seed']}; p95 +: p95 over the makespan"
         )
+    stdout_console().print(table)
+    jittered = [row for row in rows if "jitter" in row]
+    if jittered:
+        # A table of its own: beside the five columns above the names were cut at 80 columns.
+        spread = jittered[0]["jitter"]
+        print(
+            one_line(
+                f"Under varied op times: every op's time x a random factor of mean 1 and coefficient of variation "
+                f"{spread['cv']:g}, {spread['samples']} samples, seed {spread['seed']}"
+            )
+        )
+        varied = Table()
+        for column, justify in (
+            ("method", "left"),
+            ("makespan", "right"),
+            ("mean", "right"),
+            ("p95", "right"),
+            ("p95 over makespan", "right"),
+        ):
+            varied.add_column(column, justify=cast("JustifyMethod", justify))
+        for row in jittered:
+            spread = row["jitter"]
+            over = f"{spread['p95'] / row['makespan'] - 1:+.2%}" if row["makespan"] > 0 else "-"
+            varied.add_row(row["method"], f"{row['makespan']:.6g}", f"{spread['mean']:.6g}", f"{spread['p95']:.6g}", over)
+        stdout_console().print(varied)
     for row in rows:
         if row.get("note"):
             print(f"{row['method']}: {row['note']}")
@@ -909,7 +933,9 @@ def compare(
         "e.g. 0.1; at most 1): mean and 95th percentile makespan per schedule.",
     ),
     samples: int | None = typer.Option(None, "--samples", help="With --jitter: how many samples (default 100, at most 10000)."),
-    seed: int = typer.Option(0, "--seed", help="With --jitter: the random seed (the same seed gives the same figures)."),
+    seed: int | None = typer.Option(
+        None, "--seed", help="With --jitter: the random seed (default 0; the same seed gives the same figures)."
+    ),
 ) -> None:
     """Compare every applicable schedule family: makespan, bubble, peak memory, fits the limit.
 
@@ -922,7 +948,7 @@ def compare(
     finite_option("--seed", seed, low=SEED_RANGE[0], high=SEED_RANGE[1])
     if jitter is None and samples is not None:
         raise InputError("--samples: only with --jitter")
-    if jitter is None and seed != 0:
+    if jitter is None and seed is not None:
         raise InputError("--seed: only with --jitter")
     loaded = load_problem(problem_file)
     if with_torch:
@@ -933,7 +959,9 @@ def compare(
             raise InputError(f"--torch: torch.distributed.pipelining's schedules have {missing}")
     given = {str(path): load_start(path, loaded, option="--schedule").schedule for path in schedules}
     built, refused = _compared_schedules(loaded, given, with_torch)
-    spread = None if jitter is None else _jitter_summaries(loaded, built, jitter, DEFAULT_SAMPLES if samples is None else samples, seed)
+    spread = None
+    if jitter is not None:
+        spread = _jitter_summaries(loaded, built, jitter, DEFAULT_SAMPLES if samples is None else samples, 0 if seed is None else seed)
     rows = _rows(built, refused, spread)
     if as_json:
         print(json.dumps(rows))

@@ -111,8 +111,9 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_input_bytes(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; InputError naming the file otherwise."""
+def check_input_file(path: str | Path, limit: int = MAX_INPUT_BYTES) -> None:
+    """That `path` is a regular file of at most `limit` bytes, without reading it;
+    InputError naming the file otherwise."""
     path = Path(path)
     try:
         info = path.stat()  # the type is checked before opening: opening a FIFO blocks
@@ -124,6 +125,12 @@ def read_input_bytes(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
         raise InputError(f"{path}: is {_file_kind(info.st_mode)}, not a file")
     if info.st_size > limit:
         raise InputError(f"{path}: {info.st_size} bytes is more than the {limit} bytes pipesched reads")
+
+
+def read_input_bytes(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; InputError naming the file otherwise."""
+    path = Path(path)
+    check_input_file(path, limit)
     try:
         # O_NONBLOCK: should the path have become a FIFO since the check, do not wait for a writer.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))

@@ -18,7 +18,11 @@ figures on every machine (numpy's PCG64 stream).
 The makespan of a fixed order is its longest path (dependencies and each device's
 order), a convex function of the durations, so its mean over mean-one factors is at
 least the nominal makespan (Jensen); how much more depends on how many paths are near
-critical. Memory does not change: a device's peak depends on its order alone.
+critical. Memory does not change: a device's peak depends on its order alone. Each op
+varies on its own: a fused backward is one op with one factor, where a split backward's B
+and W get one each, so the sum B + W varies less than a fused backward of the same time
+(independent parts partly cancel) and fused schedules come out more variable than split
+ones. That is this model's assumption (independent op times), not sampling luck.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def check_jitter_request(cv: float, samples: int, schedules: int, ops: int) -> N
     """Refuse a coefficient of variation or sample count out of range, or more timing
     than MAX_TIMED_OPS (naming the most samples that fit)."""
     if not (math.isfinite(cv) and 0 < cv <= MAX_CV):
-        raise InputError(f"--jitter: the coefficient of variation must be above 0 and at most {MAX_CV:g}, got {cv:g}")
+        raise InputError(f"--jitter: the coefficient of variation must be above 0 and at most {MAX_CV:g}, got {cv:.12g}")
     if not 1 <= samples <= MAX_SAMPLES:
         raise InputError(f"--samples: must be between 1 and {MAX_SAMPLES}, got {samples}")
     timed = samples * schedules * ops

@@ -98,7 +98,9 @@ def test_compare_with_jitter_adds_each_schedules_spread_the_same_every_run(tmp_p
         assert spread["p50"] <= spread["p95"] <= spread["max"]
     table = runner.invoke(app, ["compare", str(path), "--jitter", "0.1", "--samples", "30"])
     assert table.exit_code == 0, table.output
-    assert "coefficient of variation 0.1), 30 samples, seed 0" in table.stdout
+    assert "coefficient of variation 0.1, 30 samples, seed 0" in table.stdout
+    # The spread has a table of its own: every name whole at 80 columns.
+    assert table.stdout.count("zb-auto") == 2
     plain = runner.invoke(app, ["compare", str(path), "--json"])
     assert all("jitter" not in row for row in json.loads(plain.stdout))
 
@@ -114,6 +116,8 @@ def test_compare_with_jitter_adds_each_schedules_spread_the_same_every_run(tmp_p
         (["--jitter", "0.1", "--samples", "10001"], "--samples"),
         (["--samples", "5"], "--samples: only with --jitter"),
         (["--seed", "3"], "--seed: only with --jitter"),
+        (["--seed", "0"], "--seed: only with --jitter"),
+        (["--jitter", "1.0000001"], "got 1.0000001"),
         (["--jitter", "0.1", "--seed", str(2**40)], "--seed"),
     ],
 )

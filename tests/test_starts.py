@@ -233,3 +233,9 @@ def test_cli_reads_starts_within_the_time_limit_and_names_the_ones_left_unread(t
     ]
     assert given_limits == [0.01]  # 0.6 s of reading left nothing of the 0.5 s but the least limit
     assert validate(problem, load_schedule(out).devices) == []
+    # A file that is not there is refused whatever the time: every start is checked to be a
+    # file before any is read.
+    missing = tmp_path / "missing.json"
+    result = runner.invoke(app, [*args, *(f"--start={tmp_path / n}.json" for n in "abc"), f"--start={missing}"])
+    assert result.exit_code == 2
+    assert f"--start: {missing}: no such file" in result.stderr

@@ -68,8 +68,9 @@ DEVICE_ORDER_WINDOW = 1
 # for m = 16). The V placement's 2 stages per device have at most 8 such ops.
 DEVICE_ORDER_MAX_OPS = 64
 # The memory argument of `heads` counts, for a forward, at most this many (stage,
-# microbatch) pairs of its device's started forwards (the latest microbatches of the stages
-# nearest it), and the lags of at most MEMORY_LAG_STAGES higher stages (the highest). Leaving
+# microbatch) pairs of its device's started forwards of its own and lower stages (the
+# latest microbatches of the stages nearest it, its own stage always), and the lags of at
+# most MEMORY_LAG_STAGES higher stages (the highest), each over a window as long. Leaving
 # a pair out, its allocation and its frees both, only weakens the argument: the memory the
 # pair holds is never negative. It keeps the cost per forward flat where a device holds
 # many stages: interleaved with 512 stages a device and m = 16, the pass counted every
@@ -147,11 +148,13 @@ def heads(problem: Problem, memory_aware: bool, origin: int = 0, deadline: float
     # For a forward of stage s on device d, the "low" stages are those of d up to s: all
     # their forwards of microbatches <= i have started, and only their frees count.
     # At most MEMORY_PAIRS of them, the nearest, each over a window of its latest microbatches.
-    low_stages = [[s2 for s2 in range(s + 1) if t.device[s2] == t.device[s]][-MEMORY_PAIRS:] for s in range(S)]
-    window = [max(1, MEMORY_PAIRS // len(low)) for low in low_stages]
+    kept = max(1, MEMORY_PAIRS)
+    low_stages = [[s2 for s2 in range(s + 1) if t.device[s2] == t.device[s]] for s in range(S)]
+    low_stages = [low[max(0, len(low) - kept) :] for low in low_stages]
+    window = [max(1, kept // len(low)) for low in low_stages]
     low_index = [np.array(low, dtype=np.intp) for low in low_stages]
     # And d's higher stages' forwards up to microbatch i - K (optimizer.exact.reservation).
-    lag = [pairs[-MEMORY_LAG_STAGES:] for pairs in lags(problem)] if use_memory else [[] for _ in range(S)]
+    lag = [pairs[max(0, len(pairs) - MEMORY_LAG_STAGES) :] for pairs in lags(problem)] if use_memory else [[] for _ in range(S)]
     frees = _Frees.of(t) if use_memory else None
 
     # Earliest end of every B and W, kept as arrays for the memory argument's sorting.
