@@ -196,7 +196,7 @@ def test_cli_reads_starts_within_the_time_limit_and_names_the_ones_left_unread(t
     # Reading a start at the size limit takes about a second: eight of them kept a 1 s
     # solve 9 s long. Reading counts against the limit; once it is spent the others are
     # named and not read, and the solver gets what is left.
-    import time
+    from types import SimpleNamespace
 
     from optimizer import cli as cli_module
     from optimizer import starts as starts_module
@@ -206,10 +206,14 @@ def test_cli_reads_starts_within_the_time_limit_and_names_the_ones_left_unread(t
     for name in ("a", "b", "c"):
         save_schedule(generate(problem, "1f1b"), tmp_path / f"{name}.json")
     reading = starts_module.load_start
+    # The command's clock, moved by the reads alone (0.3 s each): no dependence on the load.
+    clock = SimpleNamespace(now=0.0)
 
     def slow_load(path, problem):
-        time.sleep(0.3)
+        clock.now += 0.3
         return reading(path, problem)
+
+    monkeypatch.setattr(cli_module, "time", SimpleNamespace(monotonic=lambda: clock.now))
 
     given_limits: list[float] = []
     optimize = cli_module._optimize
@@ -236,6 +240,7 @@ def test_cli_reads_starts_within_the_time_limit_and_names_the_ones_left_unread(t
     # A file that is not there is refused whatever the time: every start is checked to be a
     # file before any is read.
     missing = tmp_path / "missing.json"
+    clock.now = 0.0
     result = runner.invoke(app, [*args, *(f"--start={tmp_path / n}.json" for n in "abc"), f"--start={missing}"])
     assert result.exit_code == 2
     assert f"--start: {missing}: no such file" in result.stderr
