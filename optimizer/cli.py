@@ -416,7 +416,8 @@ def solve(
     certify: float = typer.Option(
         0.0,
         "--certify",
-        help="Seconds after --time-limit for the fluid bound (every device at once) to raise the lower bound and cut the gap.",
+        help="Seconds after --time-limit spent on raising the lower bound to cut the gap: the fluid bound (every device at once), "
+        "then, on problems small enough, the exact device relaxations.",
     ),
     devices: int | None = typer.Option(None, "--devices", "-p", min=1, help="Layers file only: pipeline devices."),
     microbatches: int | None = typer.Option(None, "--microbatches", "-m", min=1, help="Layers file only: microbatches per iteration."),
@@ -533,7 +534,7 @@ def solve(
         left = max(MIN_TIME_LIMIT, time_limit - (time.monotonic() - began))
         schedule, interrupted = _optimize(loaded, method, left, objective, solver, seed, threads, quiet, starts)
         if certify > 0 and not interrupted:
-            interrupted = _certify(schedule, objective, certify, quiet)
+            interrupted = _certify(schedule, objective, certify, quiet, seed, threads)
     else:
         if certify > 0:
             raise InputError(f"--certify: only with --method auto, cpsat or milp; {method} is a schedule family")
@@ -625,19 +626,22 @@ def _vocab_barrier_choices(vocab_parallel: bool, barriers: str) -> tuple[int, ..
     return choices[barriers]
 
 
-def _certify(schedule: Schedule, objective: str, seconds: float, quiet: bool) -> bool:
-    """Raise the schedule's lower bound with the fluid bound; whether Ctrl-C stopped it."""
-    from optimizer.exact.fluidbound import FluidWorkerError, certify
+def _certify(schedule: Schedule, objective: str, seconds: float, quiet: bool, seed: int, threads: int) -> bool:
+    """Raise the schedule's lower bound (optimizer.exact.certify); whether Ctrl-C stopped it."""
+    from optimizer.exact.certify import certify, relaxations_apply
 
     if not schedule.metrics.gap:
         return False
     if not quiet:
-        print(f"certifying: the fluid bound for up to {seconds:g} s", file=sys.stderr)
+        also = " and the exact device relaxations" if relaxations_apply(schedule.problem, objective) else ""
+        print(f"certifying: the fluid bound{also} for up to {seconds:g} s", file=sys.stderr)
+
+    def warn(message: str) -> None:
+        # The schedule and its bound stand; the user learns why the fluid bound added nothing.
+        print(one_line(f"warning: --certify: {message}"), file=sys.stderr)
+
     try:
-        certify(schedule, objective, seconds)
-    except FluidWorkerError as error:
-        # The schedule and its bound stand; the user learns why --certify added nothing.
-        print(f"warning: --certify: {error}", file=sys.stderr)
+        certify(schedule, objective, seconds, seed=seed, threads=threads, on_warning=warn)
     except KeyboardInterrupt:
         print("interrupted: writing the schedule with the bound it had", file=sys.stderr)
         return True

@@ -1,0 +1,73 @@
+"""`solve --certify`: the fluid bound, then the exact device relaxations (optimizer.exact.certify)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from factories import with_vocab
+from typer.testing import CliRunner
+
+from benchmarks.published import published_problem, setting_named
+from optimizer.cli import app
+from optimizer.exact import SolveOptions, devicebound, fluidbound, solve
+from optimizer.exact.certify import certify, relaxations_apply
+from optimizer.exact.incumbents import objective_value
+from optimizer.formats.schedule_json import load_schedule
+from optimizer.problem import uniform_problem
+
+pytestmark = pytest.mark.solver
+
+runner = CliRunner()
+
+
+def _four_device_v_half():
+    return published_problem(dataclasses.replace(setting_named("1.5B-p8-m24"), p=4, m=8), 3.0, "vshape")
+
+
+@pytest.mark.slow
+def test_the_relaxations_close_what_the_fluid_bound_leaves_on_a_small_problem(tmp_path, monkeypatch):
+    # Without the fluid bound (made to prove nothing), the relaxations alone take the 1 s
+    # solve's bound (389.7) to the schedule's span, 446.6 (15 s on loaded cores).
+    monkeypatch.setattr(fluidbound, "certify", lambda schedule, objective, seconds: False)
+    path, out = tmp_path / "problem.json", tmp_path / "schedule.json"
+    path.write_text(_four_device_v_half().model_dump_json())
+    args = ["solve", str(path), "-o", str(out), "--time-limit", "1", "--objective", "span", "--json", "--quiet"]
+    plain = json.loads(runner.invoke(app, args).stdout.strip().splitlines()[-1])
+    result = runner.invoke(app, [*args, "--certify", "120"])
+    assert result.exit_code == 0, result.output
+    certified = json.loads(result.stdout.strip().splitlines()[-1])
+    assert plain["gap"] > 0.05
+    assert certified["gap"] <= 1e-6
+    assert certified["lower_bound"] == pytest.approx(certified["longest_span"], rel=1e-6)
+    assert load_schedule(out).metrics.lower_bound == pytest.approx(certified["lower_bound"])
+
+
+def test_a_bound_above_the_schedule_is_never_taken(monkeypatch):
+    # A relaxation's optimum is at most the schedule's value; should one ever say more, the
+    # schedule must not come out "closed" (or with a bound above its own span).
+    problem = _four_device_v_half()
+    schedule = solve(problem, "auto", SolveOptions(time_limit=0.5, objective="span"))
+    value = objective_value(schedule, "span")
+    before = schedule.metrics.lower_bound
+    assert before is not None and schedule.metrics.gap
+
+    def overclaiming(relaxed, *, on_bound, **options):
+        on_bound(value * 1.01, "too high")
+        on_bound(before + 1.0, "a rise")
+        return before + 1.0
+
+    monkeypatch.setattr(fluidbound, "certify", lambda schedule, objective, seconds: False)
+    monkeypatch.setattr(devicebound, "device_subset_bound", overclaiming)
+    assert certify(schedule, "span", 5.0)
+    assert schedule.metrics.lower_bound == pytest.approx(before + 1.0)
+    assert schedule.metrics.gap == pytest.approx((value - before - 1.0) / value)
+
+
+def test_the_relaxations_are_left_out_where_they_do_not_apply(monkeypatch):
+    vocab = with_vocab(uniform_problem(2, 4, memory_limit=3.0))
+    big = uniform_problem(8, 256, placement="vshape", memory_limit=4.0)
+    assert not relaxations_apply(big, "span") and not relaxations_apply(big, "makespan")
+    assert relaxations_apply(_four_device_v_half(), "span") and relaxations_apply(_four_device_v_half(), "makespan")
+    assert relaxations_apply(uniform_problem(2, 4, memory_limit=3.0), "span") and not relaxations_apply(vocab, "span")
