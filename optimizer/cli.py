@@ -628,12 +628,13 @@ def _vocab_barrier_choices(vocab_parallel: bool, barriers: str) -> tuple[int, ..
 
 def _certify(schedule: Schedule, objective: str, seconds: float, quiet: bool, seed: int, threads: int) -> bool:
     """Raise the schedule's lower bound (optimizer.exact.certify); whether Ctrl-C stopped it."""
-    from optimizer.exact.certify import certify, relaxations_apply
+    from optimizer.exact.certify import certify
+    from optimizer.exact.devicebound import relaxation_applies
 
     if not schedule.metrics.gap:
         return False
     if not quiet:
-        also = " and the exact device relaxations" if relaxations_apply(schedule.problem, objective) else ""
+        also = " and the exact device relaxations" if relaxation_applies(schedule.problem, objective) else ""
         print(f"certifying: the fluid bound{also} for up to {seconds:g} s", file=sys.stderr)
 
     def warn(message: str) -> None:

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from benchmarks.published import published_problem, setting_named
 from optimizer.cli import app
 from optimizer.exact import SolveOptions, devicebound, fluidbound, solve
-from optimizer.exact.certify import certify, relaxations_apply
+from optimizer.exact.certify import certify
+from optimizer.exact.devicebound import relaxation_applies
 from optimizer.exact.incumbents import objective_value
 from optimizer.formats.schedule_json import load_schedule
 from optimizer.problem import uniform_problem
@@ -68,6 +69,6 @@ def test_a_bound_above_the_schedule_is_never_taken(monkeypatch):
 def test_the_relaxations_are_left_out_where_they_do_not_apply(monkeypatch):
     vocab = with_vocab(uniform_problem(2, 4, memory_limit=3.0))
     big = uniform_problem(8, 256, placement="vshape", memory_limit=4.0)
-    assert not relaxations_apply(big, "span") and not relaxations_apply(big, "makespan")
-    assert relaxations_apply(_four_device_v_half(), "span") and relaxations_apply(_four_device_v_half(), "makespan")
-    assert relaxations_apply(uniform_problem(2, 4, memory_limit=3.0), "span") and not relaxations_apply(vocab, "span")
+    assert not relaxation_applies(big, "span") and not relaxation_applies(big, "makespan")
+    assert relaxation_applies(_four_device_v_half(), "span") and relaxation_applies(_four_device_v_half(), "makespan")
+    assert relaxation_applies(uniform_problem(2, 4, memory_limit=3.0), "span") and not relaxation_applies(vocab, "span")

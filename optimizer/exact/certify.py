@@ -27,20 +27,11 @@ from collections.abc import Callable
 from optimizer.exact import devicebound, fluidbound
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.slicebounds import split_relaxation
-from optimizer.problem import Problem
 from optimizer.schedule import Schedule
 
 # Least time the relaxations are started with: one device's relaxation at p = 4, m = 8
 # takes about a second.
 RELAXATION_MIN_SECONDS = 1.0
-
-
-def relaxations_apply(problem: Problem, objective: str) -> bool:
-    """Whether the exact device relaxations can bound `problem` (as inside `auto`)."""
-    if problem.vocab_parallel is not None:
-        return False
-    relaxed = split_relaxation(problem)
-    return relaxed is not None and devicebound.applicable(relaxed, objective=objective)
 
 
 def certify(
@@ -57,7 +48,7 @@ def certify(
     problem = schedule.problem
     deadline = time.monotonic() + seconds
     before = schedule.metrics.lower_bound
-    relaxing = relaxations_apply(problem, objective)
+    relaxing = devicebound.relaxation_applies(problem, objective)
     if fluidbound.applicable(problem):
         try:
             fluidbound.certify(schedule, objective, seconds / 2 if relaxing else seconds)

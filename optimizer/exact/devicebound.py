@@ -48,6 +48,7 @@ from ortools.sat.python import cp_model
 
 from optimizer.exact.bounds import device_tails, heads, jackson_preemptive, tails
 from optimizer.exact.cpsat import run_cpsat
+from optimizer.exact.slicebounds import split_relaxation
 from optimizer.exact.timescale import integer_tables, tick_problem
 from optimizer.ops import TimedOp
 from optimizer.problem import Problem, tolerant
@@ -233,6 +234,17 @@ def applicable(problem: Problem, max_ops: int = MAX_OPS, objective: str = "makes
     if objective == "span":
         return relaxation_ops <= SPAN_MAX_OPS
     return problem.num_devices > 1 and 2 * relaxation_ops <= max_ops
+
+
+def relaxation_applies(problem: Problem, objective: str) -> bool:
+    """Whether the relaxations can bound `problem`: they time backwards as B then W with one
+    slice, so where a fused backward is shorter they run on the split relaxation
+    (optimizer.exact.slicebounds), when there is one; with vocabulary passes they would
+    bound the problem without them (valid, and weak), so they are left out there."""
+    if problem.vocab_parallel is not None:
+        return False
+    relaxed = split_relaxation(problem)
+    return relaxed is not None and applicable(relaxed, objective=objective)
 
 
 def device_subset_bound(

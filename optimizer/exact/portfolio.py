@@ -490,13 +490,7 @@ def _orderable_small(problem: Problem, options: SolveOptions) -> bool:
 
 
 def _relaxable(problem: Problem, options: SolveOptions) -> bool:
-    # The relaxations time backwards as B then W and need one slice: where a fused
-    # backward is shorter they run on the split relaxation (slicebounds), when there is one.
-    # With vocabulary passes they would bound the problem without them (valid, and weak).
-    if problem.vocab_parallel is not None:
-        return False
-    relaxed = split_relaxation(problem)
-    return relaxed is not None and devicebound.applicable(relaxed, objective=options.objective)
+    return devicebound.relaxation_applies(problem, options.objective)
 
 
 def bound_seconds(problem: Problem) -> float:
