@@ -14,9 +14,13 @@ Two bounds share it, each where it proves most:
   V-Min's 476.1 -> 531.5 (the optimum) in about 100 s, on 2 loaded cores. Where they
   apply the fluid bound gets at most half the time.
 
-Each argument is a bound on its own; the schedule's lower bound and gap are raised as
-each rises, so a certification stopped by Ctrl-C keeps what was proven. The status is
-left as it was.
+Below FLUID_MIN_SECONDS the relaxations get all the time where they apply. Each argument
+is a bound on its own; the schedule's lower bound and gap are raised as each rises, so a
+certification stopped by Ctrl-C keeps what the relaxations proved. Where the relaxations
+close the gap (the bound meets the schedule's value) the status becomes `optimal`, as the
+solver's own would; the fluid bound's bisection stops within its tolerance and leaves the
+status as it was. CP-SAT under a time limit with several workers is not repeatable: the
+same command may prove a little more or less from run to run.
 """
 
 from __future__ import annotations
@@ -27,11 +31,16 @@ from collections.abc import Callable
 from optimizer.exact import devicebound, fluidbound
 from optimizer.exact.incumbents import objective_value
 from optimizer.exact.slicebounds import split_relaxation
+from optimizer.exact.tracker import SAME
 from optimizer.schedule import Schedule
 
-# Least time the relaxations are started with: one device's relaxation at p = 4, m = 8
-# takes about a second.
-RELAXATION_MIN_SECONDS = 1.0
+# Below this many seconds, where the relaxations apply they get all of them: the fluid
+# bound's worker takes about half a second to start and its first program longer, and
+# with half of 2 s it proved nothing while the relaxations were left no time.
+FLUID_MIN_SECONDS = 4.0
+# Least time the relaxations are started with (CP-SAT closes one device's relaxation at
+# p = 4, m = 8 in a fraction of a second).
+RELAXATION_MIN_SECONDS = 0.2
 
 
 def certify(
@@ -49,7 +58,7 @@ def certify(
     deadline = time.monotonic() + seconds
     before = schedule.metrics.lower_bound
     relaxing = devicebound.relaxation_applies(problem, objective)
-    if fluidbound.applicable(problem):
+    if fluidbound.applicable(problem) and not (relaxing and seconds < FLUID_MIN_SECONDS):
         try:
             fluidbound.certify(schedule, objective, seconds / 2 if relaxing else seconds)
         except fluidbound.FluidWorkerError as error:
@@ -72,11 +81,14 @@ def _relaxation_bound(schedule: Schedule, objective: str, deadline: float, seed:
         # Each rise at once: an interrupt keeps it. A relaxation's optimum is at most the
         # schedule's value (rounding in ticks only lowers it); anything above would be no
         # bound, and is not taken.
-        if bound > value * (1 + 1e-9):
+        if bound > value * (1 + SAME):
             return
         if metrics.lower_bound is None or bound > metrics.lower_bound:
-            metrics.lower_bound = bound
-            metrics.gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
+            if value <= bound * (1 + SAME):
+                # Closed: the schedule is proven optimal, as the solver says it (tracker).
+                metrics.lower_bound, metrics.gap, metrics.status = value, 0.0, "optimal"
+            else:
+                metrics.lower_bound, metrics.gap = bound, (value - bound) / value
 
     devicebound.device_subset_bound(
         relaxed,
