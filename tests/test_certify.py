@@ -82,8 +82,17 @@ def test_a_short_certification_goes_to_the_relaxations_where_they_apply(monkeypa
     problem = _four_device_v_half()
     schedule = solve(problem, "auto", SolveOptions(time_limit=0.5, objective="span"))
     calls: list[str] = []
-    monkeypatch.setattr(fluidbound, "certify", lambda *args: calls.append("fluid") or False)
-    monkeypatch.setattr(devicebound, "device_subset_bound", lambda relaxed, **options: calls.append("relaxations") or 0.0)
+
+    def fluid(*args) -> bool:
+        calls.append("fluid")
+        return False
+
+    def relaxations(relaxed, **options) -> float:
+        calls.append("relaxations")
+        return 0.0
+
+    monkeypatch.setattr(fluidbound, "certify", fluid)
+    monkeypatch.setattr(devicebound, "device_subset_bound", relaxations)
     certify(schedule, "span", certify_module.FLUID_MIN_SECONDS / 2)
     assert calls == ["relaxations"]
     calls.clear()
