@@ -822,10 +822,7 @@ def comparison_rows(problem: Problem, extra: dict[str, Schedule] | None = None) 
     A family that could build nothing within the memory limit gets a row with its reason
     in `note` and no numbers.
     """
-    from optimizer.schedules import generate_all
-
-    schedules, refused = generate_all(problem)
-    return _rows({**schedules, **(extra or {})}, refused)
+    return _rows(*_compared_schedules(problem, extra or {}, with_torch=False))
 
 
 def _rows(schedules: dict[str, Schedule], refused: dict[str, str], jitter: dict[str, dict] | None = None) -> list[dict]:
@@ -855,7 +852,7 @@ def _jitter_summaries(problem: Problem, schedules: dict[str, Schedule], cv: floa
     """Each schedule's makespan under op times varied by `cv` (optimizer.jitter), as a dict."""
     from optimizer.jitter import check_jitter_request, jittered_makespans, summarize
 
-    check_jitter_request(cv, samples, len(schedules), max((s.problem.num_ops for s in schedules.values()), default=0))
+    check_jitter_request(cv, samples, len(schedules), problem.num_ops)
     names = list(schedules)
     makespans = jittered_makespans(problem, [schedules[name] for name in names], cv, samples, seed)
     return {

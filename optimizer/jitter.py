@@ -36,7 +36,7 @@ import numpy as np
 from optimizer.errors import InputError
 from optimizer.ops import Kind, Op
 from optimizer.problem import Problem
-from optimizer.schedule import Schedule
+from optimizer.schedule import Schedule, makespan_of
 from optimizer.simulate import simulate_times
 
 # Ops timed in one comparison (samples x schedules x ops per schedule): about 4 us an op
@@ -94,7 +94,7 @@ def jittered_makespans(problem: Problem, schedules: Sequence[Schedule], cv: floa
         factors = dict(zip(keys, lognormal_factors(len(keys), cv, rng).tolist(), strict=True))
         for n, order in enumerate(orders):
             timed = simulate_times(problem, order, factors=factors)
-            results[n].append(_makespan(timed))
+            results[n].append(makespan_of(timed))
     return results
 
 
@@ -125,9 +125,3 @@ def every_op(problem: Problem) -> list[Op]:
     if problem.vocab_parallel is not None:
         ops += [Op(kind, d, i, 0) for kind in (Kind.S, Kind.T) for d in range(problem.num_devices) for i in range(m)]
     return ops
-
-
-def _makespan(devices: Sequence[Sequence]) -> float:
-    starts = [ops[0].start for ops in devices if ops]
-    ends = [ops[-1].end for ops in devices if ops]
-    return max(ends) - min(starts) if ends else 0.0

@@ -27,6 +27,7 @@ __all__ = [
     "compute_metrics",
     "fits_limits",
     "longest_span",
+    "makespan_of",
     "memory_curve",
     "op_duration",
     "orders_fit",
@@ -53,6 +54,12 @@ def peak_memory(tables: Tables, ops: Sequence[Op] | Sequence[TimedOp]) -> float:
         usage += op_memory(tables, op.kind, op.stage, op.slice)
         peak = max(peak, usage)
     return peak
+
+
+def makespan_of(devices: Sequence[Sequence[TimedOp]]) -> float:
+    """First start to last end over every device's ops, 0 when there is none."""
+    ops = [op for device in devices for op in device]
+    return max(op.end for op in ops) - min(op.start for op in ops) if ops else 0.0
 
 
 def longest_span(devices: Sequence[Sequence[TimedOp]]) -> float:
@@ -95,8 +102,7 @@ class Metrics:
 def compute_metrics(problem: Problem, devices: Sequence[Sequence[TimedOp]]) -> Metrics:
     """Makespan, bubble ratio (Zero Bubble convention) and per-device peak memory."""
     tables = problem.tables()
-    ops = [op for device in devices for op in device]
-    makespan = max(op.end for op in ops) - min(op.start for op in ops) if ops else 0.0
+    makespan = makespan_of(devices)
     longest_span, busy_on_longest = 0.0, 0.0
     for device in devices:
         if not device:
